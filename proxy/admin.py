@@ -1,0 +1,77 @@
+"""The admin endpoint under /_llmtap/: health, and SQL for `llmtap sql` while serving.
+
+DuckDB lets one process write a file, so while `llmtap serve` runs, the CLI
+asks the proxy to run its read-only query. It answers loopback peers only,
+and asks for the admin token whenever one is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .relay_state import STATE, ProxyState
+
+TOKEN_HEADER = "X-Llmtap-Admin-Token"
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed(request: web.Request, state: ProxyState) -> bool:
+    token = state.config.admin_token
+    if token:
+        sent = request.headers.get(TOKEN_HEADER, "")
+        return hmac.compare_digest(sent.encode(), token.encode())
+    return _is_loopback(request.remote)
+
+
+async def handle(request: web.Request, name: str) -> web.Response:
+    state = request.app[STATE]
+    if not allowed(request, state):
+        return _json({"error": "the llmtap admin endpoint needs a loopback peer or the admin token"}, 403)
+    if name == "health" and request.method == "GET":
+        return _json(health(state))
+    if name == "sql" and request.method == "POST":
+        return await sql(request, state)
+    return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
+
+
+def health(state: ProxyState) -> dict[str, Any]:
+    store = state.store
+    return {
+        "ok": True,
+        "db": str(state.config.db_path) if store is not None else None,
+        "requests_seen": state.requests_seen,
+        "store": store.stats() if store is not None else None,
+    }
+
+
+async def sql(request: web.Request, state: ProxyState) -> web.Response:
+    if state.store is None:
+        return _json({"error": "this proxy is not recording to a database"}, 400)
+    try:
+        query = orjson.loads(await request.read())["sql"]
+        if not isinstance(query, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
+    loop = asyncio.get_running_loop()
+    try:
+        columns, types, rows = await loop.run_in_executor(None, state.store.query, query)
+    except Exception as exc:  # the query's own error, for the user
+        return _json({"error": str(exc)}, 400)
+    return _json({"columns": columns, "types": types, "rows": rows})

@@ -1,0 +1,112 @@
+"""The aiohttp application: request dispatch, the upstream session, lifecycle."""
+
+from __future__ import annotations
+
+import ssl
+from time import perf_counter_ns
+from types import SimpleNamespace
+from typing import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from . import admin, websocket
+from .errors import error_response
+from .forward import relay, split_raw_path
+from .meter import Meter
+from .relay_state import STATE, ProxyState
+from .routes import Route
+
+ADMIN_PREFIX = "/_llmtap/"
+# Generous header limits: Codex sends a JSON document in a header.
+HTTP_LIMITS = {"max_line_size": 65536, "max_field_size": 65536}
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    received = perf_counter_ns()
+    state = request.app[STATE]
+    path, query = split_raw_path(request.raw_path)
+    if path.startswith(ADMIN_PREFIX):
+        return await admin.handle(request, path[len(ADMIN_PREFIX):])
+    route = state.routes.match(path)
+    if route is None:
+        prefixes = ", ".join(state.routes.prefixes)
+        message = f"llmtap: no route for {path}; configured prefixes: {prefixes}"
+        return reject(request, path, received, 404, message, "no_route")
+    if request.method == "CONNECT":
+        return reject(request, path, received, 405, "llmtap is a reverse proxy, not a forward proxy: CONNECT is refused", "method_not_allowed")
+    if websocket.is_upgrade(request):
+        return await websocket.relay(request, route, path, query, received)
+    return await relay(request, route, path, query, received)
+
+
+def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str) -> web.Response:
+    """Answer locally with an error in the API's shape, and leave a row that says so."""
+    state = request.app[STATE]
+    if state.config.measure:
+        meter = Meter(received_ns=received, method=request.method, path=path, query={},
+                      headers=request.headers, route="", upstream_host="", tag=state.config.tag)
+        meter.status = status
+        state.record(meter, "http_error", (code, message))
+    return error_response(path, status, message, code)
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    """Marks when the request's headers were written to the upstream connection."""
+    trace = aiohttp.TraceConfig()
+
+    async def headers_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+        meter = ctx.trace_request_ctx
+        if isinstance(meter, Meter):
+            meter.upstream_sent = perf_counter_ns()
+
+    trace.on_request_headers_sent.append(headers_sent)
+    return trace
+
+
+def _ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
+
+
+async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    cfg = state.config
+    connector = aiohttp.TCPConnector(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
+                                     ssl=_ssl_context(cfg.ca_bundle))
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
+    state.session = aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[_trace_config()] if cfg.measure else None,
+        **HTTP_LIMITS,
+    )
+    yield
+    await state.session.close()
+
+
+def make_app(state: ProxyState) -> web.Application:
+    app = web.Application(client_max_size=0)
+    app[STATE] = state
+    app.cleanup_ctx.append(_upstream_session)
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    return app
+
+
+def routes_banner(state: ProxyState, base_url: str) -> str:
+    lines = [f"llmtap listening on {base_url}"]
+    for route in sorted(state.routes.routes, key=lambda r: r.prefix):
+        lines.append(f"  {base_url}{route.prefix or ''}  ->  {route.upstream}")
+    lines.append(_tool_hints(base_url, state.routes.routes))
+    return "\n".join(lines)
+
+
+def _tool_hints(base_url: str, routes: list[Route]) -> str:
+    anthropic = next((r for r in routes if "anthropic" in r.prefix), None)
+    openai = next((r for r in routes if "openai" in r.prefix), None)
+    a = base_url + (anthropic.prefix if anthropic else "")
+    o = base_url + (openai.prefix if openai else "")
+    return (
+        "point your tools at it:\n"
+        f"  Claude Code / Anthropic SDK:  ANTHROPIC_BASE_URL={a}        (no /v1)\n"
+        f"  OpenAI SDK / Codex / Cline:   OPENAI_BASE_URL={o}/v1        (with /v1)\n"
+        f"  Cline (Anthropic provider):   base URL {a}/v1"
+    )

@@ -1,0 +1,84 @@
+"""The `llmtap` command: a thin click layer over the library."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import config as cfg
+from .routes import RouteError, parse_route
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="llmtap")
+def main() -> None:
+    """llmtap: a transparent measuring reverse proxy for LLM APIs."""
+
+
+def _routes(values: tuple[str, ...]) -> dict[str, str] | None:
+    routes: dict[str, str] = {}
+    for spec in values:
+        try:
+            route = parse_route(spec)
+        except RouteError as exc:
+            raise click.BadParameter(str(exc), param_hint="--route") from None
+        routes[route.label] = str(route.upstream)
+    return routes or None
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML config file (default: ~/.config/llmtap/config.toml).")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port to listen on (default 8787).")
+@click.option("--upstream", help="Default upstream; the request path is appended to its path.")
+@click.option("--route", "route_specs", multiple=True, metavar="PREFIX=URL", help="Extra route; the prefix is stripped, longest prefix wins. Repeatable.")
+@click.option("--db", help="DuckDB file (default: ~/.local/share/llmtap/llmtap.duckdb).")
+@click.option("--tag", help="Tag every row (a request's X-Llmtap-Tag header wins).")
+@click.option("--quiet", is_flag=True, default=None, help="No per-request line on stderr.")
+@click.option("--no-measure", "measure", flag_value=False, default=None, help="Relay only: no parsing, no rows (for overhead benchmarks).")
+@click.option("--no-chunks", "record_chunks", flag_value=False, default=None, help="Do not record the per-event chunks table.")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, help="Seconds to connect upstream (default 10).")
+@click.option("--idle-timeout", "idle_timeout_s", type=float, help="Seconds of upstream silence before giving up (default 600).")
+@click.option("--max-body-mb", type=float, help="Largest request body in MiB (default 64).")
+@click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CA bundle for TLS to the upstream.")
+@click.option("--allow-remote", is_flag=True, default=None, help="Allow listening on a non-loopback address.")
+@click.option("--admin-token", help="Token required by the /_llmtap/ admin endpoint.")
+@click.option("--print-config", is_flag=True, help="Print the effective configuration as TOML and exit.")
+def serve(config_path: Path | None, route_specs: tuple[str, ...], print_config: bool, **flags: Any) -> None:
+    """Run the proxy: forward, relay and measure every request."""
+    from .server import check_bind, run, serve_forever
+    from .store import StoreError
+
+    try:
+        config = cfg.build(config_path, {**flags, "routes": _routes(route_specs)})
+        if print_config:
+            click.echo(cfg.to_toml(config), nl=False)
+            return
+        config.route_table()
+        check_bind(config)
+        run(lambda: serve_forever(config))
+    except cfg.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen: {exc}") from None
+
+
+def _register() -> None:
+    from .simulator.cli import mock_upstream
+
+    main.add_command(mock_upstream)
+    try:
+        from analysis.cli import register
+    except ImportError as exc:  # pragma: no cover - analysis is part of the package
+        print(f"llmtap: analysis commands unavailable: {exc}", file=sys.stderr)
+        return
+    register(main)
+
+
+_register()

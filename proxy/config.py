@@ -1,0 +1,123 @@
+"""`llmtap serve` settings: defaults, then the TOML config file, then flags."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .routes import Route, RouteError, RouteTable, make_route
+
+EXAMPLE = (
+    "  llmtap serve --upstream https://api.openai.com\n"
+    "  llmtap serve --route /anthropic=https://api.anthropic.com --route /openai=https://api.openai.com\n"
+    "  llmtap serve --upstream http://127.0.0.1:8788   # with `llmtap mock-upstream` running"
+)
+
+
+class ConfigError(ValueError):
+    """A setting llmtap cannot start with; the message says how to fix it."""
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    upstream: str | None = None
+    routes: dict[str, str] = field(default_factory=dict)
+    db: str | None = None
+    tag: str | None = None
+    quiet: bool = False
+    measure: bool = True
+    record_chunks: bool = True
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 600.0
+    max_body_mb: float = 64.0
+    pool_size: int = 0
+    ca_bundle: str | None = None
+    flush_interval_s: float = 1.0
+    allow_remote: bool = False
+    admin_token: str | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.db).expanduser() if self.db else paths.default_db_path()
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+    def route_table(self) -> RouteTable:
+        routes: list[Route] = []
+        try:
+            if self.upstream:
+                routes.append(make_route("", self.upstream))
+            routes.extend(make_route(prefix, url) for prefix, url in self.routes.items())
+            table = RouteTable(routes)
+        except RouteError as exc:
+            raise ConfigError(str(exc)) from None
+        if not routes:
+            raise ConfigError("no upstream configured. Give one, for example:\n" + EXAMPLE)
+        return table
+
+
+_FIELDS = {f.name for f in fields(ServeConfig)}
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    unknown = set(data) - _FIELDS
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(_FIELDS))}")
+    return data
+
+
+def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
+    """Defaults < config file < flags (overrides whose value is None are unset)."""
+    path = config_path or paths.default_config_path()
+    if config_path is not None and not config_path.exists():
+        raise ConfigError(f"config file {config_path} does not exist")
+    values: dict[str, Any] = load_file(path)
+    for key, value in overrides.items():
+        if key == "routes" and value:
+            values["routes"] = {**values.get("routes", {}), **value}
+        elif value is not None and key != "routes":
+            values[key] = value
+    try:
+        return ServeConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(f"bad setting: {exc}") from None
+
+
+def to_toml(config: ServeConfig) -> str:
+    """The effective configuration, as a config file that reproduces it."""
+    lines, data = [], asdict(config)
+    routes = data.pop("routes")
+    for key, value in data.items():
+        if value is None:
+            lines.append(f"# {key} = (unset)")
+        elif key == "admin_token":
+            lines.append("# admin_token is set (hidden)")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    if routes:
+        lines.append("\n[routes]")
+        lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in routes.items())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'

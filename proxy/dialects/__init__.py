@@ -1,0 +1,1 @@
+"""The API dialects: what each streaming format says about tokens, usage and errors."""

@@ -1,0 +1,113 @@
+"""Anthropic Messages (§A3).
+
+Output is a non-empty `content_block_delta` of type `text_delta`,
+`thinking_delta` or `input_json_delta`; `signature_delta` and `citations_delta`
+carry no tokens. Usage starts in `message_start` and is updated by each
+`message_delta`, whose counts are cumulative: a field it carries replaces the
+one from `message_start`. Input is reported as input + cache creation + cache
+read, as the OpenTelemetry conventions define it (§D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from orjson import loads
+
+from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+
+_DELTAS = {
+    "text_delta": ("text", "text", True),
+    "thinking_delta": ("thinking", "reasoning", False),
+    "input_json_delta": ("partial_json", "tool_args", False),
+}
+
+_FIELDS = {
+    "input_tokens": "input",
+    "cache_creation_input_tokens": "cache_creation",
+    "cache_read_input_tokens": "cache_read",
+    "output_tokens": "output",
+}
+
+
+@dataclass(slots=True)
+class Anthropic(Dialect):
+    name: ClassVar[str] = "anthropic"
+    has_terminal_event: ClassVar[bool] = True
+    # The raw counts as last reported, before summing into `usage`.
+    raw_usage: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def on_event(self, data: bytes, event: str | None) -> Delta | None:
+        try:
+            obj = loads(data)
+            kind = obj.get("type") or event
+            if kind == "content_block_delta":
+                return _delta(obj["delta"])
+            self._message_event(kind, obj)
+        except Exception as exc:
+            self.note_exception("event", exc)
+        return None
+
+    def on_body(self, body: bytes) -> None:
+        obj = self.load_body(body)
+        if obj is None:
+            return
+        try:
+            if obj.get("error"):
+                self.note_error(obj["error"])
+                return
+            self._message(obj)
+        except Exception as exc:
+            self.note_exception("body", exc)
+
+    def _message_event(self, kind: str | None, obj: dict[str, Any]) -> None:
+        if kind == "message_start":
+            self._message(obj["message"])
+        elif kind == "message_delta":
+            reason = (obj.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish_reason = as_str(reason)
+            if obj.get("usage"):
+                self._usage(obj["usage"])
+        elif kind == "message_stop":
+            self.terminal = True
+        elif kind == "error":
+            # The stream ends here, as deliberately as with message_stop.
+            self.note_error(obj.get("error") or "error event")
+            self.terminal = True
+
+    def _message(self, message: dict[str, Any]) -> None:
+        model = message.get("model")
+        if model:
+            self.response_model = as_str(model)
+        reason = message.get("stop_reason")
+        if reason:
+            self.finish_reason = as_str(reason)
+        if message.get("usage"):
+            self._usage(message["usage"])
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        raw = self.raw_usage
+        for key, name in _FIELDS.items():
+            value = as_tokens(usage.get(key))
+            if value is not None:
+                raw[name] = value
+        parts = [raw[k] for k in ("input", "cache_creation", "cache_read") if k in raw]
+        self.usage = Usage(
+            input_tokens=sum(parts) if parts else None,
+            output_tokens=raw.get("output"),
+            cache_read_tokens=raw.get("cache_read"),
+            cache_creation_tokens=raw.get("cache_creation"),
+        )
+
+
+def _delta(delta: dict[str, Any]) -> Delta | None:
+    spec = _DELTAS.get(delta.get("type"))
+    if spec is None:
+        return None
+    key, kind, visible = spec
+    value = as_str(delta.get(key))
+    if not value:
+        return None
+    return Delta(kind, visible, len(value))

@@ -1,0 +1,33 @@
+"""Which dialect a request path speaks, by its suffix.
+
+Routes may put any prefix before the API path (`/openrouter/api/v1/...`), so
+only the end of the path counts; the query string is ignored.
+"""
+
+from __future__ import annotations
+
+from proxy.dialects.anthropic import Anthropic
+from proxy.dialects.base import Dialect
+from proxy.dialects.gemini import Gemini
+from proxy.dialects.openai_chat import OpenAIChat
+from proxy.dialects.openai_responses import OpenAIResponses
+
+_SUFFIXES: tuple[tuple[str, type[Dialect]], ...] = (
+    ("/chat/completions", OpenAIChat),
+    ("/responses", OpenAIResponses),
+    # Codex's compaction call answers with one JSON body; on_body reads it.
+    ("/responses/compact", OpenAIResponses),
+    # `/messages/count_tokens` is not a generation and falls through to generic.
+    ("/messages", Anthropic),
+    (":streamgeneratecontent", Gemini),
+    (":generatecontent", Gemini),
+)
+
+
+def detect_dialect(path: str) -> type[Dialect]:
+    path = path.split("?", 1)[0].rstrip("/").replace("%3A", ":").replace("%3a", ":")
+    lowered = path.lower()
+    for suffix, dialect in _SUFFIXES:
+        if lowered.endswith(suffix):
+            return dialect
+    return Dialect

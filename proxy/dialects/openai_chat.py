@@ -1,0 +1,137 @@
+"""OpenAI Chat Completions and the many APIs that copy it (§A1).
+
+Output is any non-empty `delta.content`, `refusal`, reasoning text
+(`reasoning_content` from DeepSeek and vLLM, `reasoning` from OpenRouter) or
+tool-call fragment (`tool_calls[].function.name/arguments`, the deprecated
+`function_call`). Usage is the last non-null `usage`, whatever `choices` holds
+(OpenAI sends it with `choices: []`, OpenRouter on the finishing chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from orjson import loads
+
+from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+
+# When one event carries several kinds of output, it is reported as the most
+# visible one, with the characters of all of them.
+_RANK = {"text": 0, "refusal": 1, "tool_args": 2, "reasoning": 3}
+
+
+@dataclass(slots=True)
+class OpenAIChat(Dialect):
+    name: ClassVar[str] = "openai_chat"
+    has_terminal_event: ClassVar[bool] = True
+
+    def on_event(self, data: bytes, event: str | None) -> Delta | None:
+        if data[:1] != b"{" and data.strip() == b"[DONE]":
+            self.terminal = True
+            return None
+        try:
+            return self._chunk(loads(data))
+        except Exception as exc:
+            self.note_exception("event", exc)
+            return None
+
+    def on_body(self, body: bytes) -> None:
+        obj = self.load_body(body)
+        if obj is None:
+            return
+        try:
+            if obj.get("error"):
+                self.note_error(obj["error"])
+                return
+            self._common(obj)
+        except Exception as exc:
+            self.note_exception("body", exc)
+
+    def _chunk(self, obj: dict[str, Any]) -> Delta | None:
+        if obj.get("error"):
+            self.note_error(obj["error"])
+            return None
+        choices = self._common(obj)
+        if not choices:
+            if type(choices) is list:
+                self.empty_choices_chunks += 1
+            return None
+        kind: str | None = None
+        chars = 0
+        for choice in choices:
+            delta = choice.get("delta")
+            if delta:
+                k, n = _output(delta)
+                if n:
+                    chars += n
+                    if kind is None or _RANK[k] < _RANK[kind]:
+                        kind = k
+        if kind is None:
+            return None
+        return Delta(kind, kind == "text" or kind == "refusal", chars)
+
+    def _common(self, obj: dict[str, Any]) -> Any:
+        """Model, usage and finish reason, shared by chunks and whole bodies."""
+        model = obj.get("model")
+        if model:
+            self.response_model = as_str(model)
+        usage = obj.get("usage")
+        if usage:
+            self.usage = _usage(usage)
+        choices = obj.get("choices")
+        for choice in choices or ():
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish_reason = as_str(reason)
+        return choices
+
+
+def _output(delta: dict[str, Any]) -> tuple[str, int]:
+    """(kind, characters) of the output in one choice's delta."""
+    kind = "text"
+    chars = 0
+    content = as_str(delta.get("content"))
+    if content:
+        chars = len(content)
+    refusal = as_str(delta.get("refusal"))
+    if refusal:
+        if not chars:
+            kind = "refusal"
+        chars += len(refusal)
+    calls = delta.get("tool_calls")
+    call = delta.get("function_call")
+    if calls or call:
+        n = sum(_call_chars(c.get("function")) for c in calls or ()) + _call_chars(call)
+        if n and not chars:
+            kind = "tool_args"
+        chars += n
+    reasoning = as_str(delta.get("reasoning_content") or delta.get("reasoning"))
+    if reasoning:
+        if not chars:
+            kind = "reasoning"
+        chars += len(reasoning)
+    return kind, chars
+
+
+def _call_chars(function: dict[str, Any] | None) -> int:
+    if not function:
+        return 0
+    name = as_str(function.get("name")) or ""
+    arguments = as_str(function.get("arguments")) or ""
+    return len(name) + len(arguments)
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    prompt = usage.get("prompt_tokens_details") or {}
+    completion = usage.get("completion_tokens_details") or {}
+    cache_read = as_tokens(prompt.get("cached_tokens"))
+    if cache_read is None:  # DeepSeek
+        cache_read = as_tokens(usage.get("prompt_cache_hit_tokens"))
+    return Usage(
+        input_tokens=as_tokens(usage.get("prompt_tokens")),
+        output_tokens=as_tokens(usage.get("completion_tokens")),
+        cache_read_tokens=cache_read,
+        cache_creation_tokens=as_tokens(prompt.get("cache_write_tokens")),
+        reasoning_tokens=as_tokens(completion.get("reasoning_tokens")),
+    )

@@ -1,0 +1,107 @@
+"""OpenAI Responses API (§A2), the API Codex speaks, over SSE or WebSocket.
+
+Events are told apart by their JSON `type`. Output is the string `delta` of
+the token-carrying `*.delta` events below; everything else is structure.
+The stream ends with `response.completed`, `.incomplete`, `.failed` or a
+top-level `error` event; usage is on the response object of the first three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from orjson import loads
+
+from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+
+# type -> (Delta.event_type, visible). "audio" counts base64 characters and
+# "transcript" the text of generated speech; neither is read as text.
+_OUTPUT: dict[str, tuple[str, bool]] = {
+    "response.output_text.delta": ("text", True),
+    "response.refusal.delta": ("refusal", True),
+    "response.reasoning_summary_text.delta": ("reasoning", False),
+    "response.reasoning_text.delta": ("reasoning", False),
+    "response.function_call_arguments.delta": ("tool_args", False),
+    "response.custom_tool_call_input.delta": ("tool_args", False),
+    "response.mcp_call_arguments.delta": ("tool_args", False),
+    "response.code_interpreter_call_code.delta": ("tool_args", False),
+    "response.audio.delta": ("audio", False),
+    "response.audio.transcript.delta": ("transcript", False),
+}
+
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+@dataclass(slots=True)
+class OpenAIResponses(Dialect):
+    name: ClassVar[str] = "openai_responses"
+    has_terminal_event: ClassVar[bool] = True
+
+    def on_event(self, data: bytes, event: str | None) -> Delta | None:
+        try:
+            obj = loads(data)
+            kind = obj.get("type") or event
+            output = _OUTPUT.get(kind)
+            if output is not None:
+                delta = as_str(obj.get("delta"))
+                return Delta(output[0], output[1], len(delta)) if delta else None
+            self._structural(kind, obj)
+        except Exception as exc:
+            self.note_exception("event", exc)
+        return None
+
+    def on_body(self, body: bytes) -> None:
+        """A Response object, a compact response (`/responses/compact`) or an error."""
+        obj = self.load_body(body)
+        if obj is None:
+            return
+        try:
+            self._response(obj, final=True)
+        except Exception as exc:
+            self.note_exception("body", exc)
+
+    def _structural(self, kind: str | None, obj: dict[str, Any]) -> None:
+        if kind in _TERMINAL:
+            self.terminal = True
+            self._response(obj["response"], final=True)
+        elif kind in _STARTED:
+            self._response(obj.get("response") or {}, final=False)
+        elif kind == "error":
+            self.terminal = True
+            error = obj.get("error")  # Codex's WebSocket frames nest it
+            if isinstance(error, dict):
+                self.note_error(error)
+            else:
+                self.note_error({"code": obj.get("code"), "message": obj.get("message")})
+
+    def _response(self, response: dict[str, Any], final: bool) -> None:
+        model = response.get("model")
+        if model:
+            self.response_model = as_str(model)
+        usage = response.get("usage")
+        if usage:
+            self.usage = _usage(usage)
+        if not final:
+            return
+        if response.get("error"):
+            self.note_error(response["error"])
+        status = as_str(response.get("status"))
+        reason = as_str((response.get("incomplete_details") or {}).get("reason"))
+        if reason or status:
+            self.finish_reason = reason or status
+        if status == "failed" and self.error_type is None:
+            self.note_error({"code": "response.failed"})
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    details_in = usage.get("input_tokens_details") or {}
+    details_out = usage.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=as_tokens(usage.get("input_tokens")),
+        output_tokens=as_tokens(usage.get("output_tokens")),
+        cache_read_tokens=as_tokens(details_in.get("cached_tokens")),
+        cache_creation_tokens=as_tokens(details_in.get("cache_write_tokens")),
+        reasoning_tokens=as_tokens(details_out.get("reasoning_tokens")),
+    )

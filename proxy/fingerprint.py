@@ -1,0 +1,51 @@
+"""Tell API keys apart without storing them, and keep them out of logs."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+
+SECRET_QUERY_PARAMS = ("key", "api_key", "access_token")
+_SECRET_PARAM = re.compile(
+    r"(?i)(^|[&;])(" + "|".join(SECRET_QUERY_PARAMS) + r")=[^&;]*"
+)
+
+
+def key_fingerprint(
+    headers: Mapping[str, str], query: Mapping[str, str] | None = None
+) -> str | None:
+    """`"k:"` + the first 12 hex digits of the credential's SHA-256.
+
+    The credential is the first of: `Authorization` (without its `Bearer `),
+    `x-api-key`, `x-goog-api-key`, the `key` query parameter.
+
+    Why 12 hex digits (48 bits): one machine sees a handful of keys, and the
+    chance that two of n keys share a fingerprint is about n²/2**49, about
+    1 in 10**12 for 20 keys. Yet API keys carry well over 100 bits of
+    randomness: each fingerprint is shared by some 2**(bits - 48) possible
+    keys, so it cannot be turned back into the key, and a match only confirms
+    a key that an attacker already holds.
+    """
+    secret = _credential(headers, query)
+    if not secret:
+        return None
+    return "k:" + hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _credential(headers: Mapping[str, str], query: Mapping[str, str] | None) -> str | None:
+    lowered = {k.lower(): v for k, v in headers.items()}
+    auth = lowered.get("authorization", "").strip()
+    if auth:
+        scheme, _, rest = auth.partition(" ")
+        return rest.strip() if scheme.lower() == "bearer" and rest.strip() else auth
+    for name in ("x-api-key", "x-goog-api-key"):
+        value = lowered.get(name, "").strip()
+        if value:
+            return value
+    return (query or {}).get("key") or None
+
+
+def strip_secret_query(query_string: str) -> str:
+    """The query string with the values of `key`, `api_key`, `access_token` replaced."""
+    return _SECRET_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}=REDACTED", query_string)

@@ -1,0 +1,197 @@
+"""The HTTP relay: one client request in, the upstream's answer out, chunk by chunk.
+
+Each upstream read is written to the client before anything else happens to
+it; only then does the meter look at its copy. Nothing here waits on the
+database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter_ns
+
+import aiohttp
+from aiohttp import web
+
+from .errors import error_response
+from .headers import TAG_HEADER, request_headers, response_headers
+from .meter import Meter
+from .relay_state import STATE, ProxyState
+from .routes import Route
+
+# aiohttp's client adds these when absent; a transparent relay must not.
+SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class Finish(Exception):
+    """Ends a relay early with an outcome for the row (the client already has its answer)."""
+
+    def __init__(self, outcome: str, error: tuple[str, str], response: web.StreamResponse) -> None:
+        super().__init__(outcome)
+        self.outcome, self.error, self.response = outcome, error, response
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge
+    parts: list[bytes] = []
+    size = 0
+    async for data in request.content.iter_any():
+        size += len(data)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(data)
+    return b"".join(parts)
+
+
+def split_raw_path(raw: str) -> tuple[str, str]:
+    path, _, query = raw.partition("?")
+    return path, query
+
+
+def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, received: int) -> Meter | None:
+    if not state.config.measure:
+        return None
+    return Meter(
+        received_ns=received,
+        method=request.method,
+        path=path,
+        query=dict(request.query),
+        headers=request.headers,
+        route=route.label,
+        upstream_host=route.upstream.host or "",
+        tag=request.headers.get(TAG_HEADER) or state.config.tag,
+    )
+
+
+async def relay(request: web.Request, route: Route, path: str, query: str, received: int) -> web.StreamResponse:
+    state = request.app[STATE]
+    meter = new_meter(state, request, route, path, received)
+    outcome: str | None = None
+    error: tuple[str, str] | None = None
+    try:
+        return await _relay(state, request, route, path, query, meter)
+    except Finish as fin:
+        outcome, error = fin.outcome, fin.error
+        return fin.response
+    except asyncio.CancelledError:
+        outcome, error = "client_disconnected", ("client_disconnected", "the client closed the connection")
+        raise
+    except Exception as exc:  # a bug of ours: the client gets a clear 502, the row says why
+        outcome, error = "proxy_error", ("proxy_error", f"{type(exc).__name__}: {exc}")
+        state.report(f"llmtap: internal error relaying {request.method} {path}: {error[1]}")
+        return error_response(path, 502, f"llmtap internal error: {error[1]}", "llmtap_internal_error")
+    finally:
+        if meter is not None:
+            state.record(meter, outcome, error)
+
+
+async def _relay(
+    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None
+) -> web.StreamResponse:
+    try:
+        body = await read_body(request, state.config.max_body_bytes)
+    except BodyTooLarge:
+        mb = state.config.max_body_mb
+        resp = error_response(path, 413, f"request body is larger than llmtap's limit of {mb:g} MiB "
+                              "(raise it with `llmtap serve --max-body-mb`)", "request_too_large")
+        raise _finish("http_error", ("request_too_large", f"request body over {mb:g} MiB"), resp, meter, 413)
+    if meter is not None:
+        meter.request_body = body
+        meter.request_bytes = len(body)
+    url = route.target(path, query)
+    upstream = await _open_upstream(state, request, url, body, meter, path, route)
+    try:
+        return await _stream_back(request, upstream, meter)
+    finally:
+        upstream.release() if upstream.content.is_eof() else upstream.close()
+
+
+async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
+                         path: str, route: Route) -> aiohttp.ClientResponse:
+    host = route.upstream.host
+    try:
+        return await state.session.request(
+            request.method, url, headers=request_headers(request.headers), data=body or None,
+            allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
+            trace_request_ctx=meter,
+        )
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        message = f"upstream {host} did not answer in time ({_cause(exc, 'timed out')})"
+        raise _finish("upstream_timeout", ("upstream_timeout", message),
+                      error_response(path, 504, f"llmtap: {message}", "upstream_timeout"), meter, 504)
+    except aiohttp.ClientError as exc:
+        message = f"cannot reach upstream {host}: {_cause(exc, 'connection failed')}"
+        raise _finish("upstream_unreachable", ("upstream_unreachable", message),
+                      error_response(path, 502, f"llmtap: {message}", "upstream_unreachable"), meter, 502)
+
+
+def _cause(exc: BaseException, default: str) -> str:
+    """A plain-words cause, without anything the client sent (no URLs with keys)."""
+    inner = getattr(exc, "os_error", None) or exc.__cause__ or exc
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "TLS certificate verification failed (use --ca-bundle for a corporate CA)"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the upstream closed the connection before answering"
+    text = getattr(inner, "strerror", None) or str(inner) or default
+    return f"{type(inner).__name__}: {text}" if text != default else default
+
+
+def _finish(outcome: str, error: tuple[str, str], response: web.StreamResponse,
+            meter: Meter | None, status: int) -> Finish:
+    """Before upstream headers: the client gets llmtap's own `response` with `status`."""
+    if meter is not None:
+        meter.status = status
+    return Finish(outcome, error, response)
+
+
+async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter | None) -> web.StreamResponse:
+    t = perf_counter_ns()
+    if meter is not None:
+        try:
+            meter.response_started(upstream.status, upstream.headers, t)
+        except Exception as exc:
+            meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                             headers=response_headers(upstream.headers))
+    await out.prepare(request)
+    content = upstream.content
+    while True:
+        try:
+            data = await content.readany()
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+            _abort(request)
+            raise _finish_after_headers("upstream_timeout", "the upstream went silent past the idle timeout", out)
+        except aiohttp.ClientError as exc:
+            _abort(request)
+            raise _finish_after_headers("stream_truncated", f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
+        if not data:
+            break
+        t = perf_counter_ns()
+        try:
+            await out.write(data)
+        except ConnectionResetError:
+            raise _finish_after_headers("client_disconnected", "the client closed the connection mid-response", out)
+        if meter is not None:
+            try:
+                meter.on_chunk(data, t)
+            except Exception as exc:  # measuring never breaks traffic
+                meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+    await out.write_eof()
+    return out
+
+
+def _finish_after_headers(outcome: str, message: str, out: web.StreamResponse) -> Finish:
+    return Finish(outcome, (outcome, message), out)
+
+
+def _abort(request: web.Request) -> None:
+    """End the client's response the way the upstream ended ours: cut, not completed."""
+    if request.transport is not None:
+        request.transport.abort()

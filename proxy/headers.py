@@ -1,0 +1,45 @@
+"""End-to-end header filtering (RFC 9110 §7.6.1): drop hop-by-hop, keep the rest."""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+        "Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+    )
+)
+
+# Consumed by llmtap itself, never forwarded.
+TAG_HEADER = "x-llmtap-tag"
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", TAG_HEADER}
+RESPONSE_DROP = HOP_BY_HOP
+
+
+def _named_by_connection(headers: CIMultiDictProxy[str]) -> set[str]:
+    names: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        names.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return names
+
+
+def end_to_end(headers: CIMultiDictProxy[str], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+    """A copy of `headers` without `drop` and without the headers Connection names."""
+    extra = _named_by_connection(headers) if "Connection" in headers else ()
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        low = name.lower()
+        if low in drop or low in extra:
+            continue
+        out.add(name, value)
+    return out
+
+
+def request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    return end_to_end(headers, REQUEST_DROP)
+
+
+def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    return end_to_end(headers, RESPONSE_DROP)

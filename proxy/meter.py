@@ -1,0 +1,266 @@
+"""One request's marks and metrics, from a copy of what the relay moved.
+
+The relay calls, in order: `response_started`, `on_chunk` for every read, and
+`finish` once. Every timestamp is `time.perf_counter_ns()` taken by the relay
+right after the read; every duration in the row is milliseconds since
+`received` (the request's arrival at the proxy).
+
+The meter never raises into the relay: the relay wraps each call, and a
+failure here marks the row (`parse_error`) instead of touching traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from multidict import CIMultiDictProxy
+
+from .clients import tool_from_headers
+from .decode import DecodeError, StreamDecoder
+from .dialects.base import Dialect
+from .dialects.detect import detect_dialect
+from .fingerprint import key_fingerprint
+from .request_info import parse_request
+from .sse import SSEParser
+
+MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
+ERROR_MESSAGE_MAX = 500
+
+
+def _ms(start_ns: int, t_ns: int | None) -> float | None:
+    return None if t_ns is None else (t_ns - start_ns) / 1e6
+
+
+class Meter:
+    """Marks named after the moments they record; see the README's column list."""
+
+    def __init__(
+        self,
+        *,
+        received_ns: int,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: CIMultiDictProxy[str],
+        route: str,
+        upstream_host: str,
+        tag: str | None,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.started_at = datetime.now(timezone.utc)
+        self.received = received_ns
+        self.method, self.path, self.query, self.headers = method, path, query, headers
+        self.route, self.upstream_host, self.tag = route, upstream_host, tag
+        self.dialect: Dialect = detect_dialect(path)()
+        self.request_body = b""
+        self.request_bytes: int | None = None
+        self.upstream_sent: int | None = None
+        self.upstream_headers: int | None = None
+        self.first_byte: int | None = None
+        self.status: int | None = None
+        self.retry_after: str | None = None
+        self.response_bytes = 0
+        self.is_stream = False
+        self._decoder: StreamDecoder | None = None
+        self._sse: SSEParser | None = None
+        self._body: list[bytes] | None = None
+        self._body_len = 0
+        self.times: list[int] = []  # arrival of each output event
+        self.sizes: list[int] = []
+        self.kinds: list[str] = []
+        self.first_text: int | None = None
+        self.chars = 0
+        self.broken: str | None = None
+
+    # -- the relay's observation points --------------------------------------
+
+    def response_started(self, status: int, headers: CIMultiDictProxy[str], t_ns: int) -> None:
+        """Upstream status and headers arrived."""
+        self.upstream_headers = t_ns
+        self.status = status
+        self.retry_after = headers.get("retry-after")
+        try:
+            self._decoder = StreamDecoder(headers.get("content-encoding"))
+        except DecodeError as exc:
+            self.mark_broken(str(exc))
+        ctype = headers.get("content-type", "")
+        if ctype.startswith("text/event-stream"):
+            self.is_stream = True
+            self._sse = SSEParser()
+        else:
+            self._body = []
+
+    def on_chunk(self, data: bytes, t_ns: int) -> None:
+        """One read from the upstream, already written to the client."""
+        if self.first_byte is None:
+            self.first_byte = t_ns
+        self.response_bytes += len(data)
+        decoder = self._decoder
+        if decoder is None:
+            return
+        if not decoder.identity:
+            data = decoder.feed(data)
+            if decoder.exhausted:
+                self.mark_broken("decoded body over the measuring limit; metrics partial")
+        if self._sse is not None:
+            for event, payload in self._sse.feed(data):
+                delta = self.dialect.on_event(payload, event)
+                if delta is not None:
+                    self._output(delta.event_type, delta.visible, delta.chars, len(payload), t_ns)
+        elif self._body is not None and self._body_len < MAX_JSON_BODY:
+            self._body.append(data)
+            self._body_len += len(data)
+
+    def on_message(self, payload: bytes, t_ns: int) -> None:
+        """One WebSocket text frame from the upstream (Responses over WebSocket)."""
+        if self.first_byte is None:
+            self.first_byte = t_ns
+        self.response_bytes += len(payload)
+        delta = self.dialect.on_event(payload, None)
+        if delta is not None:
+            self._output(delta.event_type, delta.visible, delta.chars, len(payload), t_ns)
+
+    def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
+        self.times.append(t_ns)
+        self.sizes.append(size)
+        self.kinds.append(kind)
+        self.chars += chars
+        if visible and self.first_text is None:
+            self.first_text = t_ns
+
+    def mark_broken(self, message: str) -> None:
+        if self.broken is None:
+            self.broken = message[:200]
+
+    # -- the row ----------------------------------------------------------------
+
+    def finish(
+        self, outcome: str | None, end_ns: int, error: tuple[str, str] | None = None
+    ) -> tuple[dict[str, Any], list[tuple]]:
+        """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
+        if self._body:
+            self._parse_body()
+        d = self.dialect
+        if error is None and d.error_type is not None:
+            error = (d.error_type, d.error_message or "")
+        row = self._identity_columns()
+        row.update(self._request_columns())
+        row.update(self._timing_columns(end_ns))
+        row.update(self._token_columns(row["e2e_ms"], row["ttft_ms"], row["last_token_ms"]))
+        row.update(
+            status=self.status,
+            response_model=d.response_model,
+            finish_reason=d.finish_reason,
+            response_bytes=self.response_bytes,
+            error_type=error[0] if error else None,
+            error_message=error[1][:ERROR_MESSAGE_MAX] if error else None,
+            outcome=outcome or self._outcome(),
+            parse_error=self.broken or d.parse_error,
+            empty_choices_chunks=d.empty_choices_chunks,
+            retry_after=self.retry_after,
+        )
+        chunks = [
+            (self.id, i, (t - self.received) / 1e6, size, kind)
+            for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))
+        ]
+        return row, chunks
+
+    def _outcome(self) -> str:
+        if self.status is not None and self.status >= 400:
+            return "http_error"
+        if self.dialect.error_type is not None:
+            return "stream_error"
+        if self.is_stream and self.dialect.has_terminal_event and not self.dialect.terminal:
+            return "stream_truncated"
+        return "ok"
+
+    def _parse_body(self) -> None:
+        body = b"".join(self._body or ())
+        self._body = None
+        if self._body_len >= MAX_JSON_BODY:
+            self.mark_broken("response body too large to parse for usage")
+            return
+        if body:
+            self.dialect.on_body(body)
+
+    def _identity_columns(self) -> dict[str, Any]:
+        h = self.headers
+        return {
+            "id": self.id,
+            "started_at": self.started_at,
+            "route": self.route,
+            "upstream_host": self.upstream_host,
+            "method": self.method,
+            "path": self.path,
+            "dialect": self.dialect.name,
+            "tool": tool_from_headers(h),
+            "user_agent": h.get("user-agent"),
+            "tag": self.tag,
+            "key_fingerprint": key_fingerprint(h, self.query),
+        }
+
+    def _request_columns(self) -> dict[str, Any]:
+        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
+        self.request_body = b""
+        return {
+            "session_id": info.session_id,
+            "request_model": info.request_model,
+            "stream": info.stream if info.stream is not None else (self.is_stream or None),
+            "max_tokens": info.max_tokens,
+            "message_count": info.message_count,
+            "request_bytes": self.request_bytes,
+            "request_parse_error": info.request_parse_error,
+        }
+
+    def _timing_columns(self, end_ns: int) -> dict[str, Any]:
+        r, times = self.received, self.times
+        first = times[0] if times else None
+        last = times[-1] if times else None
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        return {
+            "proxy_overhead_ms": _ms(r, self.upstream_sent),
+            "upstream_headers_ms": _ms(r, self.upstream_headers),
+            "first_byte_ms": _ms(r, self.first_byte),
+            "ttft_ms": _ms(r, first),
+            "first_text_ms": _ms(r, self.first_text),
+            "last_token_ms": _ms(r, last),
+            "e2e_ms": _ms(r, end_ns),
+            "gap_p50_ms": _quantile(gaps, 0.5),
+            "gap_p99_ms": _quantile(gaps, 0.99),
+            "gap_max_ms": gaps[-1] / 1e6 if gaps else None,
+            "output_events": len(times),
+        }
+
+    def _token_columns(self, e2e: float | None, ttft: float | None, last: float | None) -> dict[str, Any]:
+        u = self.dialect.usage
+        out, source = u.output_tokens, "usage" if u.seen() else None
+        if out is None and self.chars:
+            out, source = math.ceil(self.chars / 4), "estimated"
+        tpot = None
+        if out is not None and out > 1 and ttft is not None and last is not None and len(self.times) > 1:
+            tpot = (last - ttft) / (out - 1)
+        tps = out * 1000 / e2e if out and e2e else None
+        return {
+            "input_tokens": u.input_tokens,
+            "output_tokens": out,
+            "cache_read_tokens": u.cache_read_tokens,
+            "cache_creation_tokens": u.cache_creation_tokens,
+            "reasoning_tokens": u.reasoning_tokens,
+            "tokens_source": source,
+            "tpot_ms": tpot,
+            "output_tokens_per_s": tps,
+        }
+
+
+def _quantile(sorted_ns: list[int], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), in ms."""
+    if not sorted_ns:
+        return None
+    pos = (len(sorted_ns) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_ns) - 1)
+    value = sorted_ns[lo] + (sorted_ns[hi] - sorted_ns[lo]) * (pos - lo)
+    return value / 1e6

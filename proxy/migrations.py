@@ -1,0 +1,122 @@
+"""Schema migrations for the llmtap database, in the style of simonw/llm.
+
+An append-only list of named functions. Each one runs in a transaction together
+with its row in `_llmtap_migrations`, so a database is never left half-migrated.
+A migration is history: once released it is never edited, even when
+`proxy/schema.py` grows; a new column is a new migration (`m002_...`) that
+`ALTER TABLE`s it in. `tests/test_migrations.py` checks that the result of all
+of them equals `schema.REQUEST_COLUMNS` and `schema.CHUNK_COLUMNS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import duckdb
+
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+
+MIGRATIONS: list[Migration] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+def migrate(
+    con: duckdb.DuckDBPyConnection, migrations: Sequence[Migration] = MIGRATIONS
+) -> list[str]:
+    """Apply the migrations not yet recorded in `con`; return their names, in order."""
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS _llmtap_migrations"
+        " (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ)"
+    )
+    applied = {name for (name,) in con.execute("SELECT name FROM _llmtap_migrations").fetchall()}
+    done = []
+    for fn in migrations:
+        if fn.__name__ not in applied:
+            _apply(con, fn)
+            done.append(fn.__name__)
+    return done
+
+
+def _apply(con: duckdb.DuckDBPyConnection, fn: Migration) -> None:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        fn(con)
+        con.execute(
+            "INSERT INTO _llmtap_migrations VALUES (?, current_timestamp)", [fn.__name__]
+        )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+@migration
+def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        """
+        CREATE TABLE requests (
+            id VARCHAR,
+            started_at TIMESTAMPTZ,
+            route VARCHAR,
+            upstream_host VARCHAR,
+            method VARCHAR,
+            path VARCHAR,
+            dialect VARCHAR,
+            tool VARCHAR,
+            user_agent VARCHAR,
+            tag VARCHAR,
+            key_fingerprint VARCHAR,
+            session_id VARCHAR,
+            request_model VARCHAR,
+            stream BOOLEAN,
+            max_tokens BIGINT,
+            message_count INTEGER,
+            request_bytes BIGINT,
+            request_parse_error VARCHAR,
+            status INTEGER,
+            response_model VARCHAR,
+            finish_reason VARCHAR,
+            response_bytes BIGINT,
+            error_type VARCHAR,
+            error_message VARCHAR,
+            outcome VARCHAR,
+            parse_error VARCHAR,
+            empty_choices_chunks INTEGER,
+            retry_after VARCHAR,
+            proxy_overhead_ms DOUBLE,
+            upstream_headers_ms DOUBLE,
+            first_byte_ms DOUBLE,
+            ttft_ms DOUBLE,
+            first_text_ms DOUBLE,
+            last_token_ms DOUBLE,
+            e2e_ms DOUBLE,
+            tpot_ms DOUBLE,
+            gap_p50_ms DOUBLE,
+            gap_p99_ms DOUBLE,
+            gap_max_ms DOUBLE,
+            output_events INTEGER,
+            output_tokens_per_s DOUBLE,
+            input_tokens BIGINT,
+            output_tokens BIGINT,
+            cache_read_tokens BIGINT,
+            cache_creation_tokens BIGINT,
+            reasoning_tokens BIGINT,
+            tokens_source VARCHAR
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE chunks (
+            request_id VARCHAR,
+            seq INTEGER,
+            offset_ms DOUBLE,
+            bytes INTEGER,
+            event_type VARCHAR
+        )
+        """
+    )

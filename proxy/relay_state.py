@@ -1,0 +1,67 @@
+"""What every request handler shares: config, routes, the upstream session, the store."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import aiohttp
+from aiohttp import web
+
+from .config import ServeConfig
+from .meter import Meter
+from .routes import RouteTable
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class ProxyState:
+    config: ServeConfig
+    routes: RouteTable
+    store: Any = None  # proxy.store.Store, or None when not recording
+    report: Callable[[str], None] = _stderr
+    session: aiohttp.ClientSession = field(init=False)
+    listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    requests_seen: int = 0
+
+    def record(self, meter: Meter, outcome: str | None, error: tuple[str, str] | None) -> None:
+        """The request is over: build its row, hand it to the store and the listeners."""
+        try:
+            row, chunks = meter.finish(outcome, perf_counter_ns(), error)
+        except Exception as exc:  # a bug in measuring loses a metric, never a request
+            self.report(f"llmtap: could not measure a request: {type(exc).__name__}: {exc}")
+            return
+        self.requests_seen += 1
+        if self.store is not None:
+            self.store.put(row, chunks if self.config.record_chunks else None)
+        if not self.config.quiet:
+            self.report(log_line(row))
+        for listener in self.listeners:
+            try:
+                listener(row)
+            except Exception:  # pragma: no cover - listeners must not break recording
+                pass
+
+
+STATE = web.AppKey("llmtap_state", ProxyState)
+
+
+def log_line(row: dict[str, Any]) -> str:
+    """One concise stderr line per request."""
+    parts = [f"{row['method']} {row['path']}", str(row["status"] or "-"), row["outcome"]]
+    if row.get("request_model"):
+        parts.append(row["request_model"])
+    if row.get("ttft_ms") is not None:
+        parts.append(f"ttft {row['ttft_ms']:.0f}ms")
+    if row.get("e2e_ms") is not None:
+        parts.append(f"e2e {row['e2e_ms']:.0f}ms")
+    if row.get("output_tokens") is not None:
+        parts.append(f"in {row.get('input_tokens') or 0} out {row['output_tokens']}")
+    if row.get("error_message"):
+        parts.append(f"error: {row['error_message'][:120]}")
+    return "llmtap: " + "  ".join(parts)

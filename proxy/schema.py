@@ -1,0 +1,95 @@
+"""The columns llmtap records, in one place.
+
+`REQUEST_COLUMNS` is the `requests` table, one row per request that reached the
+proxy; `CHUNK_COLUMNS` is the `chunks` table, one row per output event of a
+stream. Durations are milliseconds from the request's arrival at the proxy
+(monotonic clock); `started_at` is the only wall-clock value (UTC).
+The README's "Columns" section defines each one; keep the two in step.
+"""
+
+from __future__ import annotations
+
+# (name, DuckDB type)
+REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    # who and what
+    ("id", "VARCHAR"),
+    ("started_at", "TIMESTAMPTZ"),
+    ("route", "VARCHAR"),
+    ("upstream_host", "VARCHAR"),
+    ("method", "VARCHAR"),
+    ("path", "VARCHAR"),
+    ("dialect", "VARCHAR"),
+    ("tool", "VARCHAR"),
+    ("user_agent", "VARCHAR"),
+    ("tag", "VARCHAR"),
+    ("key_fingerprint", "VARCHAR"),
+    ("session_id", "VARCHAR"),
+    # request
+    ("request_model", "VARCHAR"),
+    ("stream", "BOOLEAN"),
+    ("max_tokens", "BIGINT"),
+    ("message_count", "INTEGER"),
+    ("request_bytes", "BIGINT"),
+    ("request_parse_error", "VARCHAR"),
+    # response
+    ("status", "INTEGER"),
+    ("response_model", "VARCHAR"),
+    ("finish_reason", "VARCHAR"),
+    ("response_bytes", "BIGINT"),
+    ("error_type", "VARCHAR"),
+    ("error_message", "VARCHAR"),
+    ("outcome", "VARCHAR"),
+    ("parse_error", "VARCHAR"),
+    ("empty_choices_chunks", "INTEGER"),
+    ("retry_after", "VARCHAR"),
+    # timing, ms from arrival at the proxy
+    ("proxy_overhead_ms", "DOUBLE"),
+    ("upstream_headers_ms", "DOUBLE"),
+    ("first_byte_ms", "DOUBLE"),
+    ("ttft_ms", "DOUBLE"),
+    ("first_text_ms", "DOUBLE"),
+    ("last_token_ms", "DOUBLE"),
+    ("e2e_ms", "DOUBLE"),
+    ("tpot_ms", "DOUBLE"),
+    ("gap_p50_ms", "DOUBLE"),
+    ("gap_p99_ms", "DOUBLE"),
+    ("gap_max_ms", "DOUBLE"),
+    ("output_events", "INTEGER"),
+    ("output_tokens_per_s", "DOUBLE"),
+    # tokens
+    ("input_tokens", "BIGINT"),
+    ("output_tokens", "BIGINT"),
+    ("cache_read_tokens", "BIGINT"),
+    ("cache_creation_tokens", "BIGINT"),
+    ("reasoning_tokens", "BIGINT"),
+    ("tokens_source", "VARCHAR"),
+)
+
+CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("request_id", "VARCHAR"),
+    ("seq", "INTEGER"),
+    ("offset_ms", "DOUBLE"),
+    ("bytes", "INTEGER"),
+    ("event_type", "VARCHAR"),
+)
+
+REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)
+CHUNK_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in CHUNK_COLUMNS)
+
+OUTCOMES = (
+    "ok",
+    "http_error",
+    "upstream_unreachable",
+    "upstream_timeout",
+    "client_disconnected",
+    "stream_truncated",
+    "proxy_error",
+)
+
+
+def create_tables_sql() -> str:
+    """DDL for the current schema (tests and fixtures; the store uses migrations)."""
+    return "\n".join(
+        f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{n} {t}' for n, t in cols)});"
+        for table, cols in (("requests", REQUEST_COLUMNS), ("chunks", CHUNK_COLUMNS))
+    )

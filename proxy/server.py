@@ -1,0 +1,136 @@
+"""Running the proxy: in-process for tests and the demo, or as `llmtap serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from . import paths
+from .app import HTTP_LIMITS, make_app, routes_banner
+from .config import ConfigError, ServeConfig
+from .relay_state import ProxyState, _stderr
+from .store import Store
+
+
+def check_bind(config: ServeConfig) -> None:
+    """Loopback unless asked otherwise: a proxy holding API keys is not for the network."""
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(config.host)).is_loopback
+    except (OSError, ValueError):
+        loopback = False
+    if not loopback and not config.allow_remote:
+        raise ConfigError(
+            f"refusing to listen on {config.host}: llmtap binds loopback only unless you pass "
+            "--allow-remote (then also set --admin-token)"
+        )
+
+
+class RunningProxy:
+    """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
+
+    def __init__(self, config: ServeConfig, *, record: bool = True,
+                 report: Callable[[str], None] = _stderr) -> None:
+        self.config = config
+        routes = config.route_table()
+        self.store: Store | None = None
+        if record and config.measure:
+            self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
+                               record_chunks=config.record_chunks, report=report)
+        self.state = ProxyState(config=config, routes=routes, store=self.store, report=report)
+        self.runner: web.AppRunner | None = None
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    async def __aenter__(self) -> "RunningProxy":
+        if self.store is not None:
+            self.store.start()
+            _register_views(self.store)
+        self.runner = web.AppRunner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
+                                    access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await self.aclose()
+            raise
+        self.port = self.runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        if self.store is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+
+
+def _register_views(store: Store) -> None:
+    """Let admin queries use the analysis package's named views, when it is there."""
+    try:
+        from analysis.views import create_views
+    except ImportError:  # pragma: no cover
+        return
+    store.query_setup = create_views
+
+
+def write_state(proxy: RunningProxy) -> Path:
+    path = paths.state_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data: dict[str, Any] = {"pid": os.getpid(), "host": proxy.config.host, "port": proxy.port,
+                            "db": str(proxy.config.db_path), "admin_token": proxy.config.admin_token}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    return path
+
+
+def clear_state(path: Path) -> None:
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr) -> None:
+    """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with RunningProxy(config, report=report) as proxy:
+        state_file = write_state(proxy)
+        report(routes_banner(proxy.state, proxy.url))
+        if proxy.store is not None:
+            report(f"recording to {config.db_path}  (query it: llmtap sql \"SELECT * FROM requests\")")
+        try:
+            await stop.wait()
+        finally:
+            report("llmtap: stopping, flushing rows ...")
+            clear_state(state_file)
+    report("llmtap: stopped")
+
+
+def run(coro_fn: Callable[[], Any]) -> Any:
+    """Run a coroutine on uvloop where the platform has it."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro_fn())
+    return uvloop.run(coro_fn())

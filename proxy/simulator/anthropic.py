@@ -1,0 +1,109 @@
+"""POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .emit import Emitter, Event, sse_named
+from .exchange import Exchange, open_exchange
+from .respond import json_response, respond_json, respond_stream
+from .tokens import TOOL_NAME, expected_reasoning, expected_text, reasoning_piece, text_piece, tool_arg_pieces
+
+SIGNATURE = "c2ltdWxhdGVkLXNpZ25hdHVyZQ=="
+
+
+def usage(ex: Exchange, output_tokens: int) -> dict[str, Any]:
+    """input_tokens excludes cache reads: total input = the three input fields summed."""
+    return {
+        "input_tokens": ex.input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": ex.cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def stop_reason(ex: Exchange) -> str:
+    if ex.truncated:
+        return "max_tokens"
+    return "tool_use" if ex.tool_call else "end_turn"
+
+
+def _tool_block(ex: Exchange, input_: Any) -> Event:
+    return {"type": "tool_use", "id": "toolu_" + ex.suffix, "name": TOOL_NAME, "input": input_}
+
+
+def _message(ex: Exchange, content: list[Event], stop: str | None, output_tokens: int) -> Event:
+    return {
+        "id": "msg_" + ex.suffix,
+        "type": "message",
+        "role": "assistant",
+        "model": ex.model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage(ex, output_tokens),
+    }
+
+
+def message(ex: Exchange) -> Event:
+    content: list[Event] = []
+    if ex.reasoning:
+        content.append({"type": "thinking", "thinking": expected_reasoning(ex.reasoning), "signature": SIGNATURE})
+    if ex.tool_call:
+        arguments = "".join(tool_arg_pieces(ex.output))
+        content.append(_tool_block(ex, orjson.loads(arguments) if arguments else {}))
+    else:
+        content.append({"type": "text", "text": expected_text(ex.output)})
+    return _message(ex, content, stop_reason(ex), ex.output_tokens)
+
+
+def _delta(index: int, delta: Event) -> Event:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+async def _block(em: Emitter, index: int, block: Event, deltas: list[Event]) -> None:
+    await em.event({"type": "content_block_start", "index": index, "content_block": block})
+    for delta in deltas:
+        await em.delta(_delta(index, delta))
+
+
+async def produce(em: Emitter, ex: Exchange) -> None:
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    em.error_events = lambda: [error | {"request_id": ex.request_id}]
+    await em.event({"type": "message_start", "message": _message(ex, [], None, 1)})
+    await em.event({"type": "ping"})
+    index = 0
+    if ex.reasoning:
+        thinking = [{"type": "thinking_delta", "thinking": reasoning_piece(i)} for i in range(ex.reasoning)]
+        await _block(em, index, {"type": "thinking", "thinking": "", "signature": ""}, thinking)
+        await em.event(_delta(index, {"type": "signature_delta", "signature": SIGNATURE}))
+        await em.event({"type": "content_block_stop", "index": index})
+        index += 1
+    if ex.tool_call:
+        args = [{"type": "input_json_delta", "partial_json": piece} for piece in tool_arg_pieces(ex.output)]
+        await _block(em, index, _tool_block(ex, {}), args)
+    else:
+        text = [{"type": "text_delta", "text": text_piece(i)} for i in range(ex.output)]
+        await _block(em, index, {"type": "text", "text": ""}, text)
+    await em.event({"type": "content_block_stop", "index": index})
+    await em.checkpoint()
+    delta = {"stop_reason": stop_reason(ex), "stop_sequence": None}
+    await em.event({"type": "message_delta", "delta": delta, "usage": usage(ex, ex.output_tokens)})
+    await em.event({"type": "message_stop"})
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    ex = await open_exchange(request, "anthropic")
+    body = ex.body
+    ex.plan(model=body.get("model"), max_tokens=body.get("max_tokens"), stream=body.get("stream"))
+    if not ex.stream:
+        return await respond_json(request, ex, message)
+    return await respond_stream(request, ex, produce, sse_named)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    ex = await open_exchange(request, "anthropic")
+    return json_response("anthropic", 200, {"input_tokens": ex.input_tokens}, request_id=ex.request_id, gzip=ex.gzip)

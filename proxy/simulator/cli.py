@@ -1,0 +1,67 @@
+"""`mock-upstream`: run the simulated upstream from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+import click
+
+from .app import Simulator
+from .config import SimConfig
+
+DEFAULTS = SimConfig()
+COUNT = click.IntRange(min=0)
+MS = click.FloatRange(min=0)
+
+
+async def _serve(config: SimConfig, host: str, port: int) -> None:
+    """Serve until Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError):  # Windows has no add_signal_handler
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with Simulator(config, host, port, record=False) as sim:
+        click.echo(f"mock upstream listening on {sim.url}")
+        await stop.wait()
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+@click.command("mock-upstream")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+@click.option("--ttft-ms", type=MS, default=DEFAULTS.ttft_ms, show_default=True, help="Time to first token.")
+@click.option("--itl-ms", type=MS, default=DEFAULTS.itl_ms, show_default=True, help="Delay between tokens.")
+@click.option("--tokens", type=COUNT, default=DEFAULTS.tokens, show_default=True, help="Output text tokens.")
+@click.option("--reasoning-tokens", type=COUNT, default=0, show_default=True, help="Reasoning tokens before the text.")
+@click.option("--tool-call", is_flag=True, help="Answer with a tool call instead of text.")
+@click.option("--error-status", type=click.IntRange(400, 599), help="Answer every request with this HTTP error.")
+@click.option("--stream-error", is_flag=True, help="Fail each stream halfway with the API's error event.")
+@click.option("--disconnect-after", type=COUNT, help="Drop the connection after N output events.")
+@click.option("--gzip", is_flag=True, help="Gzip responses when the client accepts it.")
+@click.option("--cache-read-tokens", type=COUNT, default=0, show_default=True, help="Cached input tokens reported.")
+@click.option(
+    "--prefill-us-per-token",
+    type=MS,
+    default=DEFAULTS.prefill_us_per_token,
+    show_default=True,
+    help="Extra TTFT per uncached input token, in microseconds.",
+)
+@click.option("--capacity", type=COUNT, default=0, show_default=True, help="Streams at full speed (0: no limit).")
+@click.option("--model", help="Model name in responses (default: echo the request's).")
+def mock_upstream(host: str, port: int, **fields: Any) -> None:
+    """Run a simulated OpenAI / Anthropic / Gemini upstream until Ctrl-C."""
+    try:
+        _run(_serve(SimConfig(**fields), host, port))
+    except KeyboardInterrupt:
+        pass

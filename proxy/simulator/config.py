@@ -1,0 +1,101 @@
+"""How the simulated upstream behaves, and the per-request header overrides."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """Behaviour of every simulated response.
+
+    cache_read_tokens is a cached prefix added on top of the tokens counted in
+    the request's text: it shows up in the usage but does not cost prefill
+    time. The effective TTFT is ttft_ms + uncached input tokens *
+    prefill_us_per_token / 1000. With capacity > 0, each inter-token delay is
+    scaled by active/capacity while more than `capacity` generations run.
+    """
+
+    ttft_ms: float = 50
+    itl_ms: float = 10
+    tokens: int = 20
+    reasoning_tokens: int = 0
+    tool_call: bool = False
+    error_status: int | None = None
+    stream_error: bool = False
+    disconnect_after: int | None = None
+    gzip: bool = False
+    cache_read_tokens: int = 0
+    prefill_us_per_token: float = 20.0
+    capacity: int = 0
+    model: str | None = None
+
+
+class BadOverride(ValueError):
+    """An x-sim-* request header has an invalid value."""
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _duration(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1 or 0")
+
+
+def _status(text: str) -> int | None:
+    value = int(text)
+    if not 200 <= value <= 599:
+        raise ValueError("must be an HTTP status between 200 and 599")
+    return value if value >= 400 else None
+
+
+# header name -> (SimConfig field, parser)
+OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "x-sim-ttft-ms": ("ttft_ms", _duration),
+    "x-sim-itl-ms": ("itl_ms", _duration),
+    "x-sim-tokens": ("tokens", _count),
+    "x-sim-reasoning-tokens": ("reasoning_tokens", _count),
+    "x-sim-tool-call": ("tool_call", _flag),
+    "x-sim-status": ("error_status", _status),
+    "x-sim-stream-error": ("stream_error", _flag),
+    "x-sim-disconnect-after": ("disconnect_after", _count),
+    "x-sim-gzip": ("gzip", _flag),
+    "x-sim-cache-read-tokens": ("cache_read_tokens", _count),
+    "x-sim-prefill-us-per-token": ("prefill_us_per_token", _duration),
+}
+
+
+def with_overrides(config: SimConfig, headers: Mapping[str, str]) -> SimConfig:
+    """The config for one request: `config` with its x-sim-* headers applied.
+
+    x-sim-status below 400 means "no error". Raises BadOverride.
+    """
+    changes: dict[str, Any] = {}
+    for header, (field_name, parse) in OVERRIDES.items():
+        text = headers.get(header)
+        if text is None:
+            continue
+        try:
+            changes[field_name] = parse(text)
+        except ValueError as exc:
+            raise BadOverride(f"invalid {header} header {text!r}: {exc}") from None
+    return replace(config, **changes) if changes else config

@@ -1,0 +1,167 @@
+"""One simulated request: its effective config, parsed body and token plan."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import brotli
+import orjson
+from aiohttp import web
+
+from .config import BadOverride, SimConfig, with_overrides
+from .errors import Api
+from .pacing import TokenClock
+from .state import STATE, SimState
+from .tokens import count_input_tokens
+
+try:
+    from compression import zstd  # type: ignore[import-not-found]
+except ImportError:  # Python < 3.14
+    from backports import zstd  # type: ignore[no-redef]
+
+# Request key: the loop time when the request arrived (RequestKey is aiohttp >= 3.13).
+STARTED: Any = web.RequestKey("simulator_started", float) if hasattr(web, "RequestKey") else "simulator_started"
+
+
+class SimError(Exception):
+    """Answer with an HTTP error in the API's shape (raised by handlers)."""
+
+    def __init__(self, api: Api, status: int, message: str | None = None, *, gzip: bool = False) -> None:
+        super().__init__(message)
+        self.api = api
+        self.status = status
+        self.message = message
+        self.gzip = gzip
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(slots=True)
+class Exchange:
+    api: Api
+    config: SimConfig
+    body: dict[str, Any]
+    started: float
+    gzip: bool = False
+    request_id: str = ""
+    input_tokens: int = 0  # counted from the prompt text, without the cached prefix
+    model: str = "sim-model"
+    stream: bool = False
+    reasoning: int = 0
+    output: int = 0  # text or tool-argument tokens
+    truncated: bool = False  # output cut short by the request's max tokens
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request_id or new_request_id()
+        self.input_tokens = count_input_tokens(self.body)
+        self.created = int(time.time())
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.config.cache_read_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All input tokens, cached prefix included."""
+        return self.input_tokens + self.cached_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.reasoning + self.output
+
+    @property
+    def tool_call(self) -> bool:
+        return self.config.tool_call
+
+    @property
+    def suffix(self) -> str:
+        """A unique tail for response, message and item ids."""
+        return self.request_id.removeprefix("req_")
+
+    def plan(self, *, model: Any, max_tokens: Any, stream: Any) -> None:
+        """Decide the output from the request: reasoning first, then text, capped at max_tokens."""
+        self.model = self.config.model or (model if isinstance(model, str) and model else "sim-model")
+        self.stream = stream is True
+        self.reasoning, self.output = self.config.reasoning_tokens, self.config.tokens
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0:
+            if self.output_tokens > max_tokens:
+                self.truncated = True
+                self.reasoning = min(self.reasoning, max_tokens)
+                self.output = max_tokens - self.reasoning
+
+    def clock(self, state: SimState) -> TokenClock:
+        ttft_ms = self.config.ttft_ms + self.input_tokens * self.config.prefill_us_per_token / 1000
+        return TokenClock(self.started, ttft_ms / 1000, self.config.itl_ms / 1000, state.load)
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    for item in (accept_encoding or "").split(","):
+        name, _, params = item.partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip()
+        if not q.startswith("q="):
+            return True
+        try:
+            return float(q[2:]) > 0
+        except ValueError:
+            return False
+    return False
+
+
+def decode_body(raw: bytes, content_encoding: str | None) -> bytes:
+    """The request body without its Content-Encoding.
+
+    Falls back to the bytes as they are: a server with auto_decompress on
+    has already decoded them.
+    """
+    encoding = (content_encoding or "").strip().lower()
+    try:
+        if encoding in ("gzip", "x-gzip"):
+            return zlib.decompress(raw, wbits=47)
+        if encoding == "deflate":
+            return zlib.decompress(raw)
+        if encoding == "br":
+            return brotli.decompress(raw)
+        if encoding == "zstd":
+            return zstd.decompress(raw)
+    except Exception:
+        return raw
+    return raw
+
+
+def parse_json(api: Api, raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SimError(api, 400, f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise SimError(api, 400, "the JSON body must be an object")
+    return body
+
+
+def effective_config(api: Api, state: SimState, headers: Any) -> SimConfig:
+    try:
+        return with_overrides(state.config, headers)
+    except BadOverride as exc:
+        raise SimError(api, 400, str(exc)) from None
+
+
+async def open_exchange(request: web.Request, api: Api) -> Exchange:
+    """Parse the request into an Exchange, or raise SimError (bad input, or an injected status)."""
+    config = effective_config(api, request.app[STATE], request.headers)
+    raw = decode_body(await request.read(), request.headers.get("Content-Encoding"))
+    body = parse_json(api, raw)
+    gzip = config.gzip and accepts_gzip(request.headers.get("Accept-Encoding"))
+    if config.error_status is not None:
+        raise SimError(api, config.error_status, gzip=gzip)
+    started = request.get(STARTED) or asyncio.get_running_loop().time()
+    return Exchange(api, config, body, started, gzip)

@@ -1,0 +1,134 @@
+"""Incremental Server-Sent Events parser (WHATWG "event stream interpretation").
+
+The relay hands it each read as it arrives; it returns the events that read
+completed. Lines are split with bytes.split, never byte by byte, and only the
+incomplete last line is kept between reads (as a list of pieces, so a long line
+arriving in many reads is joined once, not once per read).
+"""
+
+from __future__ import annotations
+
+_BOM = b"\xef\xbb\xbf"
+DEFAULT_MAX_EVENT_BYTES = 32 * 1024 * 1024
+
+Event = tuple[str | None, bytes]
+
+
+class SSEParser:
+    """Split a byte stream into (event name or None, data) events.
+
+    Several `data:` lines of one event are joined with b"\\n". Comments, `id:`,
+    `retry:` and unknown fields are ignored, as are events without data lines.
+    An event whose data (or any one line) grows past `max_event_bytes` is
+    dropped and counted in `oversized`; parsing resumes after its blank line.
+    """
+
+    __slots__ = (
+        "max_event_bytes",
+        "oversized",
+        "_tail",
+        "_tail_len",
+        "_data",
+        "_size",
+        "_event",
+        "_skipping",
+        "_cr_pending",
+        "_head",
+    )
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.oversized = 0
+        self._tail: list[bytes] = []  # pieces of the incomplete last line
+        self._tail_len = 0
+        self._data: list[bytes] = []  # data lines of the event being read
+        self._size = 0
+        self._event: str | None = None
+        self._skipping = False  # inside an oversized event: drop until blank line
+        self._cr_pending = False  # last read ended in CR: a leading LF is its pair
+        self._head: bytes | None = b""  # first bytes, until the BOM is ruled out
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        if self._head is not None:
+            chunk = self._strip_bom(chunk)
+        if not chunk:
+            return []
+        if self._cr_pending and chunk[0] == 10:
+            chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._cr_pending = chunk[-1] == 13
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        else:
+            self._cr_pending = False
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        events: list[Event] = []
+        if lines:
+            if self._tail:
+                lines[0] = self._take_tail(lines[0])
+            for line in lines:
+                self._line(line, events)
+        if last:
+            self._keep_tail(last)
+        return events
+
+    def _strip_bom(self, chunk: bytes) -> bytes:
+        head = self._head + chunk
+        if len(head) < 3 and _BOM.startswith(head):
+            self._head = head
+            return b""
+        self._head = None
+        return head[3:] if head.startswith(_BOM) else head
+
+    def _take_tail(self, first: bytes) -> bytes:
+        self._tail.append(first)
+        line = b"".join(self._tail)
+        self._tail = []
+        self._tail_len = 0
+        return line
+
+    def _keep_tail(self, piece: bytes) -> None:
+        self._tail.append(piece)
+        self._tail_len += len(piece)
+        if self._size + self._tail_len > self.max_event_bytes:
+            self._overflow()
+            # Remember that a line is open without keeping its bytes: the rest
+            # of it, when its line end comes, is part of the dropped event.
+            self._tail = [b"x"]
+            self._tail_len = 0
+
+    def _overflow(self) -> None:
+        if not self._skipping:
+            self.oversized += 1
+            self._skipping = True
+        self._data = []
+        self._size = 0
+
+    def _line(self, line: bytes, events: list[Event]) -> None:
+        if not line:
+            self._dispatch(events)
+        elif self._skipping or line[0] == 58:  # b":" starts a comment
+            return
+        elif line[:5] == b"data:":
+            value = line[6:] if line[5:6] == b" " else line[5:]
+            self._size += len(value) + 1
+            if self._size > self.max_event_bytes:
+                self._overflow()
+            else:
+                self._data.append(value)
+        elif line[:6] == b"event:":
+            name = line[7:] if line[6:7] == b" " else line[6:]
+            self._event = name.decode("utf-8", "replace")
+        elif line == b"data":  # a field name without a colon has an empty value
+            self._data.append(b"")
+        elif line == b"event":
+            self._event = None
+
+    def _dispatch(self, events: list[Event]) -> None:
+        data = self._data
+        if data and not self._skipping:
+            events.append((self._event or None, data[0] if len(data) == 1 else b"\n".join(data)))
+        self._data = []
+        self._size = 0
+        self._event = None
+        self._skipping = False

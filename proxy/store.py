@@ -1,0 +1,456 @@
+"""The DuckDB store: rows go in on the event loop, a writer thread writes them.
+
+`put()` runs on the event loop for every request, so it only appends to a list
+under a short lock. One daemon thread takes everything pending about every
+`flush_interval_s` and writes it in one transaction. Each INSERT passes every
+column as one typed list parameter and unnests them: some 50 times faster than
+`executemany` (see benchmarks/store_throughput.py).
+
+DuckDB lets one process open a file for writing, so while the proxy runs the CLI
+queries through it: `query()` runs one read-only statement on its own cursor,
+inside a READ ONLY transaction, beside the writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .migrations import migrate
+from .schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+
+WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
+WAKE_CHUNKS = 100_000
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
+
+# Errors raised by the rows themselves (a value that does not fit its column): the batch
+# is split to find and drop them. Any other error (I/O, a missing table) is retried.
+_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    duckdb.DataError,  # Conversion, OutOfRange, TypeMismatch
+    duckdb.IntegrityError,
+    duckdb.InvalidInputException,
+    duckdb.InvalidTypeException,
+    duckdb.NotImplementedException,  # a Python value DuckDB cannot convert
+    TypeError,
+    ValueError,
+    OverflowError,
+    IndexError,
+    AttributeError,
+)
+
+READ_ONLY = "only read-only queries (one SELECT, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN) run through the proxy"
+
+
+class StoreError(Exception):
+    pass
+
+
+class DatabaseLocked(StoreError):
+    """Another process holds the database file (DuckDB allows one writer process)."""
+
+    def __init__(self, path: Path, pid: int | None, holder: str | None = None) -> None:
+        self.path, self.pid, self.holder = path, pid, holder
+        who = f" (PID {pid}{', ' + holder if holder else ''})" if pid is not None else ""
+        super().__init__(
+            f"the database {path} is in use by another process{who}; if that is a running "
+            "`llmtap serve`, query through it with `llmtap sql`"
+        )
+
+
+class _Table:
+    """How one table's rows become one INSERT: a list parameter per column, unnested."""
+
+    def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
+        self.name = name
+        self.names = [n for n, _ in columns]
+        self.types = [duckdb.sqltype(t) for _, t in columns]
+        # Converting Python values holds the GIL at times: short INSERTs keep the event loop's waits short.
+        self.rows_per_insert = rows_per_insert
+        casts = ", ".join(f"c{i}::{t}" for i, (_, t) in enumerate(columns))
+        unnests = ", ".join(f"unnest(${i + 1}) AS c{i}" for i in range(len(columns)))
+        self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT {casts} FROM (SELECT {unnests})"
+
+    def parameters(self, rows: list[Any]) -> list[duckdb.Value]:
+        """One typed list per column: typed, DuckDB converts each value without guessing
+        a common type, and holds the GIL for a few ms only (untyped: tens of ms)."""
+        if self.name == "requests":
+            columns: Any = ([row.get(name) for row in rows] for name in self.names)
+        else:
+            width = len(self.names)
+            if any(len(row) != width for row in rows):
+                raise ValueError(f"a chunk row is not a tuple of {width} values")
+            columns = zip(*rows)
+        return [duckdb.ListValue(list(col), t) for col, t in zip(columns, self.types)]
+
+
+REQUESTS = _Table("requests", REQUEST_COLUMNS, 2_000)
+CHUNKS = _Table("chunks", CHUNK_COLUMNS, 20_000)
+
+Unit = list[tuple[_Table, list[Any]]]  # written in one transaction
+
+
+def _print_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Store:
+    # Called with each query's own cursor before the query (the analysis package adds temp views).
+    query_setup: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        flush_interval_s: float = 1.0,
+        max_pending_requests: int = 100_000,
+        max_pending_chunks: int = 2_000_000,
+        record_chunks: bool = True,
+        report: Callable[[str], None] = _print_stderr,
+    ) -> None:
+        self.path = Path(path)
+        self._interval = flush_interval_s
+        self._max_requests = max_pending_requests
+        self._max_chunks = max_pending_chunks
+        self._record_chunks = record_chunks
+        self._report_fn = report
+        self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)
+        self._requests: list[dict[str, Any]] = []
+        self._chunks: list[tuple[Any, ...]] = []
+        self._put_seq = 0  # requests accepted by put()
+        self._done_seq = 0  # of those, how many the writer has finished with
+        self._inflight = [0, 0]  # requests, chunks taken by the writer and not yet finished
+        self._counts = dict.fromkeys(
+            ("requests_written", "chunks_written", "requests_dropped", "chunks_dropped",
+             "write_errors", "rows_rejected"), 0)
+        self._last_error: str | None = None
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._abandon = threading.Event()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._cur: duckdb.DuckDBPyConnection | None = None
+        self._con_lock = threading.Lock()  # cursor() and close() on the shared connection
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._closed or self._con is not None:
+            raise StoreError("a Store starts once")
+        con = _open_for_writing(self.path)
+        try:
+            with _private_umask():
+                migrate(con)
+            cur = con.cursor()
+            cur.execute("SET TimeZone = 'UTC'")
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"cannot prepare the database {self.path}: {_one_line(exc)}") from exc
+        self._con, self._cur = con, cur
+        self._thread = threading.Thread(target=self._run, name="llmtap-store", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        thread = self._thread
+        if thread is not None:
+            self._stop.set()
+            self._wake.set()
+            thread.join(timeout)
+            if thread.is_alive():  # still failing to write: give up on what is left
+                self._abandon.set()
+                thread.join(2.0)
+        self._drop_pending()
+        if thread is None or not thread.is_alive():
+            self._close_connection()
+
+    def _close_connection(self) -> None:
+        with self._con_lock, _private_umask():
+            for con in (self._cur, self._con):
+                if con is not None:
+                    with contextlib.suppress(duckdb.Error):
+                        con.close()
+            self._con = self._cur = None
+
+    # -- the event loop's side ---------------------------------------------
+
+    def put(self, row: dict[str, Any], chunks: list[tuple[Any, ...]] | None = None) -> None:
+        """Queue one request's row and its chunk rows. Never blocks, never raises."""
+        try:
+            n = len(chunks) if chunks and self._record_chunks else 0
+            with self._lock:
+                if self._closed or len(self._requests) >= self._max_requests:
+                    self._counts["requests_dropped"] += 1
+                    self._counts["chunks_dropped"] += n
+                    return
+                self._requests.append(row)
+                if n and len(self._chunks) + n > self._max_chunks:
+                    self._counts["chunks_dropped"] += n
+                elif n:
+                    self._chunks.extend(chunks)  # type: ignore[arg-type]
+                self._put_seq += 1
+                wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
+            if wake:
+                self._wake.set()
+        except Exception:
+            with self._lock:
+                self._counts["requests_dropped"] += 1
+
+    def flush(self, timeout: float = 10) -> bool:
+        """Wait until every row put before the call is written (or dropped); False on timeout."""
+        with self._lock:
+            target = self._put_seq
+            if self._thread is None or not self._thread.is_alive():
+                return self._done_seq >= target
+        self._wake.set()
+        with self._lock:
+            return self._written.wait_for(lambda: self._done_seq >= target, timeout)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                **self._counts,
+                "pending_requests": len(self._requests) + self._inflight[0],
+                "pending_chunks": len(self._chunks) + self._inflight[1],
+                "last_error": self._last_error,
+            }
+
+    # -- the writer thread -----------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            with self._lock:
+                requests, chunks, seq = self._requests, self._chunks, self._put_seq
+                self._requests, self._chunks = [], []
+                self._inflight = [len(requests), len(chunks)]
+            if requests or chunks:
+                self._write_batch(requests, chunks)
+            with self._lock:
+                self._done_seq = seq
+                self._inflight = [0, 0]
+                self._written.notify_all()
+                if self._stop.is_set() and not self._requests and not self._chunks:
+                    return
+
+    def _write_batch(self, requests: list[Any], chunks: list[Any]) -> None:
+        units: deque[Unit] = deque([[(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks)) if rows]])
+        rejected: dict[str, int] = {"requests": 0, "chunks": 0}
+        first_failure: Exception | None = None
+        delay = RETRY_FIRST_S
+        failures = 0
+        while units:
+            if self._abandon.is_set():
+                self._drop(units)
+                return
+            try:
+                self._write_unit(units[0])
+            except _DATA_ERRORS as exc:
+                first_failure = first_failure or exc
+                units.extendleft(reversed(_split(units.popleft(), rejected)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - the writer must survive anything
+                failures += 1
+                self._failed(exc, first=failures == 1)
+                self._abandon.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self._wrote(units.popleft())
+            if failures:
+                self._report(f"llmtap store: writing to {self.path} again after {failures} failed attempt(s)")
+                failures, delay = 0, RETRY_FIRST_S
+        if first_failure is not None:
+            self._rejected(rejected, first_failure)
+
+    def _write_unit(self, unit: Unit) -> None:
+        cur = self._cur
+        if cur is None:
+            raise StoreError("the store is closed")
+        with _private_umask():
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                for table, rows in unit:
+                    step = table.rows_per_insert
+                    for i in range(0, len(rows), step):
+                        cur.execute(table.sql, table.parameters(rows[i:i + step]))
+                cur.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    cur.execute("ROLLBACK")
+                raise
+
+    def _wrote(self, unit: Unit) -> None:
+        with self._lock:
+            for table, rows in unit:
+                self._counts[f"{table.name}_written"] += len(rows)
+
+    def _drop(self, units: deque[Unit]) -> None:
+        with self._lock:
+            for unit in units:
+                for table, rows in unit:
+                    self._counts[f"{table.name}_dropped"] += len(rows)
+
+    def _drop_pending(self) -> None:
+        with self._lock:
+            self._counts["requests_dropped"] += len(self._requests)
+            self._counts["chunks_dropped"] += len(self._chunks)
+            self._requests, self._chunks = [], []
+            self._done_seq = self._put_seq
+            self._written.notify_all()
+
+    def _failed(self, exc: Exception, *, first: bool) -> None:
+        with self._lock:
+            self._counts["write_errors"] += 1
+            self._last_error = _describe(exc)
+        if first:
+            self._report(f"llmtap store: cannot write to {self.path}: {_describe(exc)}; retrying")
+
+    def _rejected(self, rejected: dict[str, int], exc: Exception) -> None:
+        with self._lock:
+            self._counts["requests_dropped"] += rejected["requests"]
+            self._counts["chunks_dropped"] += rejected["chunks"]
+            self._counts["rows_rejected"] += rejected["requests"] + rejected["chunks"]
+            self._last_error = _describe(exc)
+        self._report(
+            f"llmtap store: dropped {rejected['requests']} request row(s) and {rejected['chunks']} "
+            f"chunk row(s) that do not fit the schema ({_describe(exc)})"
+        )
+
+    def _report(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._report_fn(message)
+
+    # -- queries while serving -------------------------------------------------
+
+    def query(
+        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000
+    ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+        """Run one read-only statement: (column names, DuckDB type names, at most max_rows rows)."""
+        _check_read_only(sql)
+        with self._con_lock:
+            if self._con is None:
+                raise StoreError("the store is not open")
+            cur = self._con.cursor()
+        try:
+            return self._run_query(cur, sql, params, max_rows)
+        except duckdb.Error as exc:
+            read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
+            raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
+
+    def _run_query(
+        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int
+    ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+        cur.execute("SET TimeZone = 'UTC'")
+        if self.query_setup is not None:
+            self.query_setup(cur)
+        cur.execute("BEGIN TRANSACTION READ ONLY")
+        try:
+            cur.execute(sql, params)
+            description = cur.description or []
+            rows = cur.fetchmany(max_rows) if description else []
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+        return [d[0] for d in description], [str(d[1]) for d in description], rows
+
+
+def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
+    """A unit that failed on its data: its tables apart, then halves; a single row is rejected."""
+    if len(unit) > 1:
+        return [[part] for part in unit]
+    ((table, rows),) = unit
+    if len(rows) == 1:
+        rejected[table.name] += 1
+        return []
+    mid = len(rows) // 2
+    return [[(table, rows[:mid])], [(table, rows[mid:])]]
+
+
+def _check_read_only(sql: str) -> None:
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise StoreError(str(exc)) from exc
+    allowed = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
+    if len(statements) != 1 or statements[0].type not in allowed:
+        raise StoreError(READ_ONLY)
+
+
+def open_readonly(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection for the analysis CLI, when no proxy holds the file."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"no database at {path}: run `llmtap serve` to record one")
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as exc:
+        raise _open_error(path, exc) from exc
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+def _open_for_writing(path: Path) -> duckdb.DuckDBPyConnection:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the directory for the database {path}: {exc.strerror}") from exc
+    try:
+        with _private_umask():
+            return duckdb.connect(str(path))
+    except duckdb.Error as exc:
+        raise _open_error(path, exc) from exc
+
+
+_LOCK_HOLDER = re.compile(r"held in (?P<holder>.+?) \(PID (?P<pid>\d+)\)")
+
+
+def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
+    message = _one_line(exc)
+    if "Could not set lock" in message:
+        m = _LOCK_HOLDER.search(message)
+        return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)
+    if "different configuration than existing connections" in message:  # this very process
+        return DatabaseLocked(path, os.getpid(), "this process")
+    return StoreError(f"cannot open the database {path}: {message}")
+
+
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    """Files DuckDB creates meanwhile (the database, its .wal) are readable by their owner only.
+
+    The umask is per process: a file another thread creates in this window is private too,
+    which errs on the safe side.
+    """
+    old = os.umask(0o077)
+    os.umask(old | 0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_one_line(exc)}"

@@ -1,0 +1,52 @@
+"""Shared fixtures: a real simulated upstream and the real proxy, on loopback, port 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from proxy.config import ServeConfig
+from proxy.server import RunningProxy
+from proxy.simulator.app import Simulator
+from proxy.simulator.config import SimConfig
+
+
+@pytest.fixture(autouse=True)
+def llmtap_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own data directory and no user config."""
+    home = tmp_path / "llmtap-home"
+    monkeypatch.setenv("LLMTAP_HOME", str(home))
+    monkeypatch.setenv("LLMTAP_CONFIG", str(tmp_path / "no-config.toml"))
+    monkeypatch.delenv("LLMTAP_DB", raising=False)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Simulator]:
+    async with Simulator(SimConfig(ttft_ms=20, itl_ms=2, tokens=8, prefill_us_per_token=0)) as s:
+        yield s
+
+
+def proxy_config(upstream: str, tmp_path: Path, **overrides: object) -> ServeConfig:
+    values: dict[str, object] = {"port": 0, "upstream": upstream, "db": str(tmp_path / "llmtap.duckdb"),
+                                 "quiet": True, "flush_interval_s": 0.2}
+    values.update(overrides)
+    return ServeConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def proxy(sim: Simulator, tmp_path: Path) -> AsyncIterator[RunningProxy]:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        yield p
+
+
+def rows(p: RunningProxy, sql: str = "SELECT * FROM requests ORDER BY started_at") -> list[dict]:
+    """Flush the proxy's store and return the query's rows as dicts."""
+    assert p.store is not None
+    assert p.store.flush(10)
+    columns, _types, data = p.store.query(sql)
+    return [dict(zip(columns, r)) for r in data]

@@ -1,0 +1,86 @@
+"""Recorded metrics match what the simulated upstream was told to do."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.server import RunningProxy
+from proxy.simulator.app import Simulator
+
+from .conftest import proxy_config, rows
+
+PROMPT = "x" * 400  # 100 input tokens by the simulator's count (characters / 4)
+
+BODIES = {
+    "/v1/chat/completions": {"model": "gpt-x", "stream": True, "stream_options": {"include_usage": True},
+                             "messages": [{"role": "user", "content": PROMPT}]},
+    "/v1/responses": {"model": "gpt-x", "stream": True, "input": PROMPT},
+    "/v1/messages": {"model": "claude-x", "stream": True, "max_tokens": 100, "messages": [{"role": "user", "content": PROMPT}]},
+}
+DIALECTS = {"/v1/chat/completions": "openai_chat", "/v1/responses": "openai_responses", "/v1/messages": "anthropic"}
+
+
+async def timed_stream(url: str, body: dict, headers: dict[str, str]) -> float:
+    """Client-side end-to-end time in ms, reading every chunk as it arrives."""
+    async with aiohttp.ClientSession() as s:
+        t0 = time.perf_counter()
+        async with s.post(url, json=body, headers=headers) as r:
+            async for _ in r.content.iter_any():
+                pass
+        return (time.perf_counter() - t0) * 1000
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+async def test_timing_and_tokens(sim: Simulator, proxy: RunningProxy, path: str) -> None:
+    headers = {"x-sim-ttft-ms": "150", "x-sim-itl-ms": "20", "x-sim-tokens": "10", "x-sim-reasoning-tokens": "2",
+               "x-sim-cache-read-tokens": "40", "x-sim-prefill-us-per-token": "0"}
+    client_end = await timed_stream(proxy.url + path, BODIES[path], headers)
+    row = rows(proxy)[0]
+    assert row["dialect"] == DIALECTS[path] and row["outcome"] == "ok", row
+    assert 150 <= row["ttft_ms"] < 200, row["ttft_ms"]  # loose upper bound: CI machines are busy
+    # 12 output tokens (2 reasoning + 10 text), 20 ms apart
+    assert row["output_tokens"] == 12 and row["tokens_source"] == "usage"
+    assert row["reasoning_tokens"] == (None if path == "/v1/messages" else 2)  # Anthropic does not report it
+    assert abs(row["tpot_ms"] - 20) < 3
+    assert abs(row["gap_p50_ms"] - 20) < 3 and row["gap_max_ms"] < 40
+    assert row["output_events"] == 12
+    assert row["first_text_ms"] - row["ttft_ms"] == pytest.approx(40, abs=6)  # after 2 reasoning tokens
+    assert row["cache_read_tokens"] == 40
+    assert row["input_tokens"] >= 100  # includes cached input, by the GenAI conventions
+    assert row["upstream_headers_ms"] < row["ttft_ms"] and row["proxy_overhead_ms"] < 20
+    assert abs(row["e2e_ms"] - client_end) < 20
+    assert row["output_tokens_per_s"] == pytest.approx(12 * 1000 / row["e2e_ms"])
+    chunks = rows(proxy, f"SELECT * FROM chunks WHERE request_id = '{row['id']}' ORDER BY seq")
+    assert [c["event_type"] for c in chunks] == ["reasoning"] * 2 + ["text"] * 10
+    assert chunks[0]["offset_ms"] == pytest.approx(row["ttft_ms"])
+
+
+async def test_request_columns(sim: Simulator, proxy: RunningProxy) -> None:
+    body = {"model": "claude-x", "stream": True, "max_tokens": 77, "metadata": {"user_id": "u"},
+            "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
+    headers = {"x-api-key": "sk-ant-api03-secret", "X-Claude-Code-Session-Id": "sess-1", "User-Agent": "claude-cli/2.1.197 (external, sdk-cli)"}
+    await timed_stream(proxy.url + "/v1/messages?beta=true", body, headers)
+    row = rows(proxy)[0]
+    assert (row["request_model"], row["max_tokens"], row["message_count"], row["stream"]) == ("claude-x", 77, 3, True)
+    assert row["session_id"] == "sess-1" and row["tool"] == "claude-code"
+    assert row["path"] == "/v1/messages" and row["method"] == "POST" and row["route"] == "/"
+    assert row["key_fingerprint"] and "secret" not in row["key_fingerprint"]
+    assert row["upstream_host"] == "127.0.0.1" and row["started_at"].tzinfo is not None
+
+
+async def test_estimated_tokens_without_usage(sim: Simulator, proxy: RunningProxy) -> None:
+    body = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}  # no include_usage
+    await timed_stream(proxy.url + "/v1/chat/completions", body, {"x-sim-tokens": "6"})
+    row = rows(proxy)[0]
+    assert row["tokens_source"] == "estimated" and row["output_tokens"] >= 1 and row["output_events"] == 6
+
+
+async def test_chunks_can_be_turned_off(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path, record_chunks=False)) as p:
+        await timed_stream(p.url + "/v1/chat/completions", BODIES["/v1/chat/completions"], {})
+        assert rows(p, "SELECT count(*) AS n FROM chunks")[0]["n"] == 0
+        assert rows(p)[0]["output_events"] == 8

@@ -1,0 +1,353 @@
+"""`llmtap report` on the fixture database: exact output, percentiles, windows."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from analysis.filters import Filters
+from analysis.formatting import fmt_count, fmt_ms
+from analysis.report import GROUPINGS, group_stats
+from analysis.source import open_source
+from analysis.timewindow import WindowError, parse_time
+from .analysis_fixture import build_fixture_db, fixture_rows
+from proxy.cli import main
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "fixture.duckdb"
+    build_fixture_db(path)
+    return path
+
+
+def run(db: Path, *args: str) -> str:
+    result = CliRunner().invoke(main, ["report", "--db", str(db), *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+BY_MODEL = """\
+31 requests from 2026-11-28 09:02 to 2026-11-30 17:41 UTC, by model
+
+                                         TTFT             E2E
+model              reqs    err%    p50    p90    p99    p50    p99
+-----------------  ----  ------  -----  -----  -----  -----  -----
+claude-sonnet-4-5    13   53.8%  885ms   2.4s   3.1s   5.8s  21.3s
+gpt-5                 5   40.0%   2.1s   2.3s   2.4s  12.5s  14.5s
+qwen3-coder-30b       5   60.0%  415ms  443ms  449ms   2.8s   3.0s
+claude-haiku-4-5      3    0.0%      -      -      -  900ms   1.2s
+gpt-4.1-mini          2   50.0%      -      -      -   1.9s   1.9s
+claude-opus-4-1       1  100.0%      -      -      -      -      -
+gpt-5o                1  100.0%      -      -      -      -      -
+(none)                1    0.0%      -      -      -   95ms   95ms
+
+                      TPOT     output     tokens     cache
+model               p50   p99  tok/s      in   out  read%
+-----------------  ----  ----  -----  ------  ----  -----
+claude-sonnet-4-5  22ms  25ms     37  246.5k  2.5k  94.5%
+gpt-5              13ms  15ms     61  125.0k  2.2k  88.0%
+qwen3-coder-30b    18ms  19ms     48   12.5k   570      -
+claude-haiku-4-5      -     -     33    5.5k    90   0.0%
+gpt-4.1-mini          -     -     63     800   120   0.0%
+claude-opus-4-1       -     -      -       -     -      -
+gpt-5o                -     -      -       -     -      -
+(none)                -     -      -       -     -      -
+
+5 slowest requests
+id        model              tool         ttft     e2e  outcome
+--------  -----------------  -----------  ----  ------  -------------------
+7044c8eb  gpt-5              codex           -  600.0s  upstream_timeout
+f75d7396  claude-sonnet-4-5  claude-code  1.1s   45.0s  client_disconnected
+203e96ce  claude-sonnet-4-5  claude-code  1.5s   22.0s  ok
+df2feb00  gpt-5              codex        2.4s   14.5s  ok
+36aaec97  gpt-5              codex        2.1s   12.5s  ok
+
+Percentiles: successful requests only (TTFT: streams). Slowest: any outcome.
+"""
+
+
+def test_report_by_model_is_the_default(db: Path) -> None:
+    assert run(db) == BY_MODEL
+    assert run(db, "--by", "model", "--format", "table") == BY_MODEL
+
+
+def test_report_by_day(db: Path) -> None:
+    assert run(db, "--by", "day").split("\n\n")[1:3] == [
+        """\
+                                 TTFT             E2E
+day         reqs   err%    p50    p90    p99   p50    p99
+----------  ----  -----  -----  -----  -----  ----  -----
+2026-11-28    10  50.0%  950ms   2.1s   2.4s  6.4s  14.2s
+2026-11-29    12  75.0%  450ms  650ms  695ms  3.0s   5.2s
+2026-11-30     9  11.1%   1.8s   2.8s   3.2s  3.7s  21.3s""",
+        """\
+               TPOT     output     tokens     cache
+day          p50   p99  tok/s      in   out  read%
+----------  ----  ----  -----  ------  ----  -----
+2026-11-28  22ms  22ms     40   82.8k  1.6k  78.5%
+2026-11-29  19ms  25ms     46   37.5k  1.2k  64.0%
+2026-11-30  16ms  25ms     34  270.1k  2.7k  94.1%""",
+    ]
+
+
+def test_report_by_hour_with_a_tool_filter(db: Path) -> None:
+    assert run(db, "--by", "hour", "--tool", "cline") == """\
+5 requests from 2026-11-28 14:26 to 2026-11-29 15:05 UTC, by hour
+
+                                        TTFT            E2E
+hour              reqs    err%    p50    p90    p99   p50   p99
+----------------  ----  ------  -----  -----  -----  ----  ----
+2026-11-28 14:00     1  100.0%      -      -      -     -     -
+2026-11-29 10:00     1  100.0%      -      -      -     -     -
+2026-11-29 13:00     1  100.0%      -      -      -     -     -
+2026-11-29 15:00     2    0.0%  415ms  443ms  449ms  2.8s  3.0s
+
+                     TPOT     output    tokens    cache
+hour               p50   p99  tok/s     in  out  read%
+----------------  ----  ----  -----  -----  ---  -----
+2026-11-28 14:00     -     -      -      -    -      -
+2026-11-29 10:00     -     -      -      -    -      -
+2026-11-29 13:00     -     -      -      -  300      -
+2026-11-29 15:00  18ms  19ms     48  12.5k  270      -
+
+5 slowest requests
+id        model            tool    ttft   e2e  outcome
+--------  ---------------  -----  -----  ----  --------------------
+b6c58c3b  qwen3-coder-30b  cline  600ms  9.0s  stream_truncated
+f4b37f81  qwen3-coder-30b  cline  450ms  3.0s  ok
+b560f46d  qwen3-coder-30b  cline  380ms  2.6s  ok
+2b5eabc3  qwen3-coder-30b  cline      -  40ms  http_error
+2d0a6212  qwen3-coder-30b  cline      -  35ms  upstream_unreachable
+
+Percentiles: successful requests only (TTFT: streams). Slowest: any outcome.
+"""
+
+
+def test_report_json(db: Path) -> None:
+    assert run(db, "--by", "tag", "--tag", "bench", "--format", "json") == """\
+{
+  "by": "tag",
+  "requests": 2,
+  "first": "2026-11-28 14:25",
+  "last": "2026-11-29 15:06",
+  "groups": [
+    {
+      "tag": "bench",
+      "requests": 2,
+      "errors": 1,
+      "error_pct": 50.0,
+      "ttft_p50_ms": null,
+      "ttft_p90_ms": null,
+      "ttft_p99_ms": null,
+      "tpot_p50_ms": null,
+      "tpot_p99_ms": null,
+      "e2e_p50_ms": 1900.0,
+      "e2e_p99_ms": 1900.0,
+      "output_tokens_per_s_p50": 63.2,
+      "input_tokens": 800,
+      "output_tokens": 120,
+      "cache_read_tokens": 0,
+      "cache_read_share": 0.0
+    }
+  ],
+  "slowest": [
+    {
+      "id": "9697e5cf-8f60-44c9-dbaf-59991223cf64",
+      "model": "gpt-4.1-mini",
+      "tool": "openai-python",
+      "ttft_ms": null,
+      "e2e_ms": 1900.0,
+      "outcome": "ok"
+    },
+    {
+      "id": "7692508d-f11b-a961-fb84-cee82af412a0",
+      "model": "gpt-4.1-mini",
+      "tool": "openai-python",
+      "ttft_ms": null,
+      "e2e_ms": 12.0,
+      "outcome": "proxy_error"
+    }
+  ]
+}
+"""
+
+
+def test_report_csv(db: Path) -> None:
+    assert run(db, "--by", "route", "--format", "csv") == """\
+route,requests,errors,error_pct,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,e2e_p99_ms,output_tokens_per_s_p50,input_tokens,output_tokens,cache_read_tokens,cache_read_share
+/,18,8,44.44,885.0,2350.0,3115.0,22.4,25.0,3655.0,20749.0,34.1,252050,2591,233000,0.9244
+/openai,8,4,50.0,2100.0,2340.0,2394.0,13.4,14.8,11150.0,14440.0,61.6,125800,2320,110000,0.8744
+/local,5,3,60.0,415.0,443.0,449.3,17.8,18.5,2800.0,2996.0,48.1,12500,570,,
+"""
+
+
+@pytest.mark.parametrize("by", list(GROUPINGS))
+def test_every_grouping_fits_80_columns(db: Path, by: str) -> None:
+    output = run(db, "--by", by)
+    assert max(len(line) for line in output.splitlines()) <= 80
+    assert "5 slowest requests" in output
+
+
+def test_long_session_ids_are_cut_the_same_in_both_blocks(db: Path) -> None:
+    blocks = run(db, "--by", "session").split("\n\n")[1:3]
+    firsts = [[line.split()[0] for line in block.splitlines()[3:]] for block in blocks]
+    assert firsts[0] == firsts[1]
+    assert firsts[0][1].endswith("…") and len(firsts[0][1]) < 36
+
+
+# -- the numbers, checked against plain Python on the same rows ------------------
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def expected_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r["outcome"] == "ok"]
+
+    def known(column: str, among: list[dict[str, Any]]) -> list[float]:
+        return [r[column] for r in among if r[column] is not None]
+
+    def total(column: str) -> int | None:
+        values = known(column, rows)
+        return sum(values) if values else None
+
+    streamed = [r for r in ok if r["stream"]]
+    errors = len(rows) - len(ok)
+    stats = {"requests": len(rows), "errors": errors, "error_pct": 100 * errors / len(rows)}
+    for q in (50, 90, 99):
+        stats[f"ttft_p{q}_ms"] = quantile(known("ttft_ms", streamed), q / 100)
+    for name in ("tpot", "e2e"):
+        for q in (50, 99):
+            stats[f"{name}_p{q}_ms"] = quantile(known(f"{name}_ms", ok), q / 100)
+    stats["output_tokens_per_s_p50"] = quantile(known("output_tokens_per_s", ok), 0.5)
+    for column in ("input_tokens", "output_tokens", "cache_read_tokens"):
+        stats[column] = total(column)
+    cache, inputs = stats["cache_read_tokens"], stats["input_tokens"]
+    stats["cache_read_share"] = cache / inputs if cache is not None and inputs else None
+    return stats
+
+
+@pytest.mark.parametrize("by, column", [("model", "request_model"), ("tool", "tool"), ("tag", "tag")])
+def test_metrics_match_an_independent_computation(db: Path, by: str, column: str) -> None:
+    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in fixture_rows()[0]:
+        groups[row[column]].append(row)
+    source = open_source(db)
+    try:
+        got = {g[by]: g for g in group_stats(source, by, Filters())}
+    finally:
+        source.close()
+    assert set(got) == set(groups)
+    for key, rows in groups.items():
+        expected = expected_stats(rows)
+        actual = {name: got[key][name] for name in expected}
+        unknown = {name for name, value in expected.items() if value is None}
+        assert {name for name, value in actual.items() if value is None} == unknown, key
+        known = {name: value for name, value in expected.items() if name not in unknown}
+        assert {name: actual[name] for name in known} == pytest.approx(known, rel=1e-9), key
+
+
+def test_percentiles_use_linear_interpolation(db: Path) -> None:
+    """Sonnet's successful e2e: 3210 4100 5200 6400 8100 22000 ms."""
+    source = open_source(db)
+    try:
+        sonnet = next(g for g in group_stats(source, "model", Filters()) if g["model"] == "claude-sonnet-4-5")
+    finally:
+        source.close()
+    assert sonnet["e2e_p50_ms"] == pytest.approx(5800)
+    assert sonnet["e2e_p99_ms"] == pytest.approx(8100 + 0.95 * (22000 - 8100))
+
+
+# -- windows and filters -----------------------------------------------------------
+
+def heading(db: Path, *args: str) -> str:
+    return run(db, *args).splitlines()[0]
+
+
+def test_since_and_until_take_iso_times(db: Path) -> None:
+    assert heading(db, "--since", "2026-11-30") == (
+        "9 requests from 2026-11-30 09:00 to 2026-11-30 17:41 UTC, by model")
+    assert heading(db, "--since", "2026-11-29T08:00", "--until", "2026-11-29T09:00") == (
+        "3 requests from 2026-11-29 08:30 to 2026-11-29 08:31 UTC, by model")
+    # 09:30+01:00 is 08:30 UTC: the 08:30:00 request is included, since is inclusive
+    assert heading(db, "--since", "2026-11-29T09:30:00+01:00", "--until", "2026-11-29T08:31Z") == (
+        "1 request from 2026-11-29 08:30 to 2026-11-29 08:30 UTC, by model")
+
+
+def test_relative_windows_count_back_from_now(db: Path) -> None:
+    assert heading(db, "--since", "100000d").startswith("31 requests")
+    assert run(db, "--until", "36500d") == "no requests match\n"
+
+
+def test_a_bad_window_is_a_usage_error(db: Path) -> None:
+    result = CliRunner().invoke(main, ["report", "--db", str(db), "--since", "yesterday"])
+    assert result.exit_code == 2
+    assert "'yesterday' is neither a span like 30m, 24h, 7d nor an ISO date-time" in result.output
+
+
+def test_filters_combine_and_quote_their_values(db: Path) -> None:
+    assert heading(db, "--tag", "refactor", "--model", "claude-haiku-4-5") == (
+        "1 request from 2026-11-28 09:07 to 2026-11-28 09:07 UTC, by model")
+    assert heading(db, "--tool", "codex", "--tool", "curl").startswith("7 requests")
+    assert run(db, "--model", "o'brien') OR (1=1") == "no requests match\n"
+
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("30m", NOW - timedelta(minutes=30)),
+    ("24h", NOW - timedelta(hours=24)),
+    ("7d", NOW - timedelta(days=7)),
+    ("2w", NOW - timedelta(weeks=2)),
+    ("90s", NOW - timedelta(seconds=90)),
+    ("1.5h", NOW - timedelta(minutes=90)),
+    ("2026-11-30", datetime(2026, 11, 30, tzinfo=timezone.utc)),
+    ("2026-11-30T14:00", datetime(2026, 11, 30, 14, tzinfo=timezone.utc)),
+    ("2026-11-30 14:00+02:00", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),
+])
+def test_parse_time(text: str, expected: datetime) -> None:
+    assert parse_time(text, NOW) == expected
+
+
+def test_parse_time_refuses_other_text() -> None:
+    with pytest.raises(WindowError):
+        parse_time("last tuesday", NOW)
+
+
+# -- humanised numbers ----------------------------------------------------------------
+
+@pytest.mark.parametrize("ms, text", [
+    (None, "-"), (0.4, "0ms"), (820, "820ms"), (999.4, "999ms"), (999.6, "1.0s"),
+    (6400, "6.4s"), (600000, "600.0s"),
+])
+def test_fmt_ms(ms: float | None, text: str) -> None:
+    assert fmt_ms(ms) == text
+
+
+@pytest.mark.parametrize("n, text", [
+    (None, "-"), (0, "0"), (999, "999"), (1000, "1.0k"), (12345, "12.3k"), (999_960, "1.0M"),
+    (4_200_000, "4.2M"), (3_000_000_000, "3.0G"),
+])
+def test_fmt_count(n: int | None, text: str) -> None:
+    assert fmt_count(n) == text
+
+
+def test_report_json_parses(db: Path) -> None:
+    data = json.loads(run(db, "--format", "json"))
+    assert [g["model"] for g in data["groups"]][:3] == ["claude-sonnet-4-5", "gpt-5", "qwen3-coder-30b"]
+    assert len(data["slowest"]) == 5

@@ -1,0 +1,84 @@
+"""A real `llmtap serve` process: rows survive SIGTERM, queries work while it serves, no key is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import duckdb
+
+from proxy import paths
+from proxy.simulator.app import Simulator
+
+KEY = "sk-live-DO-NOT-STORE-4f9a8b7c6d5e"
+
+
+async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream, "--db", str(db), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = paths.state_path()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if state.exists():
+            try:
+                info = json.loads(state.read_text())
+                return proc, f"http://{info['host']}:{info['port']}"
+            except ValueError:
+                pass
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        await asyncio.sleep(0.05)
+    proc.kill()
+    raise AssertionError("serve did not start in 15 s")
+
+
+async def stream_once(s: aiohttp.ClientSession, base: str) -> None:
+    body = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with s.post(base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
+        await r.read()
+
+
+async def test_sigterm_flushes_and_queries_work_while_serving(sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "serve.duckdb"
+    proc, base = await start_serve(sim.url, db, "--quiet")
+    try:
+        async with aiohttp.ClientSession() as s:
+            load = [asyncio.create_task(stream_once(s, base)) for _ in range(40)]
+            counts = []
+            for _ in range(5):  # queries through the admin endpoint while the streams run
+                async with s.post(base + "/_llmtap/sql", json={"sql": "SELECT count(*) FROM requests"}) as r:
+                    assert r.status == 200, await r.text()
+                    counts.append((await r.json())["rows"][0][0])
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*load)
+            async with s.post(base + "/_llmtap/sql", json={"sql": "DROP TABLE requests"}) as r:
+                assert r.status == 400
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert counts == sorted(counts)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*), count(DISTINCT key_fingerprint) FROM requests").fetchone() == (40, 1)
+    con.close()
+    assert not paths.state_path().exists()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()] + [p for p in paths.data_dir().rglob("*") if p.is_file()]
+    for path in written:
+        assert KEY.encode() not in path.read_bytes(), path
+        assert KEY[8:].encode() not in path.read_bytes(), path
+    assert KEY not in out + err
+    assert oct(os.stat(db).st_mode & 0o777) == "0o600"
+
+
+async def test_no_upstream_refuses_to_start(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", "0"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "no upstream configured" in proc.stderr and "llmtap serve --upstream" in proc.stderr

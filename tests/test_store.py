@@ -1,0 +1,382 @@
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES
+from proxy.store import DatabaseLocked, Store, StoreError, open_readonly
+
+UTC = dt.timezone.utc
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "llmtap.duckdb"
+
+
+@pytest.fixture
+def reports() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def store(db: Path, reports: list[str]):
+    s = Store(db, report=reports.append)
+    s.start()
+    yield s
+    s.close(timeout=2)
+
+
+def full_row(i: int) -> dict[str, Any]:
+    """Every column set, with the Python type the meter produces for it."""
+    row: dict[str, Any] = {}
+    for name, type_ in zip(REQUEST_COLUMN_NAMES, _types()):
+        row[name] = {
+            "VARCHAR": f"{name}-{i}",
+            "BOOLEAN": i % 2 == 0,
+            "BIGINT": 10_000_000_000 + i,
+            "INTEGER": 200 + i,
+            "DOUBLE": i + 0.25,
+            "TIMESTAMPTZ": dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC) + dt.timedelta(seconds=i),
+        }[type_]
+    return row
+
+
+def _types() -> list[str]:
+    from proxy.schema import REQUEST_COLUMNS
+
+    return [t for _, t in REQUEST_COLUMNS]
+
+
+def rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
+    if isinstance(con, Store):
+        return con.query(sql)[2]
+    return con.execute(sql).fetchall()
+
+
+# -- what goes in comes out ----------------------------------------------------
+
+
+def test_rows_and_chunks_read_back_exactly(store: Store, db: Path):
+    store.put(full_row(1), [("r1", 0, 12.5, 40, "message_start"), ("r1", 1, 13.0, 7, None)])
+    store.put({"id": "sparse", "started_at": dt.datetime(2025, 1, 1, 2, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))})
+    assert store.flush(5)
+    store.close()
+
+    con = open_readonly(db)
+    got = con.execute(f"SELECT {', '.join(REQUEST_COLUMN_NAMES)} FROM requests ORDER BY id").fetchall()
+    full = dict(zip(REQUEST_COLUMN_NAMES, got[0]))
+    assert full == full_row(1)
+    assert all(type(full[k]) is type(v) for k, v in full_row(1).items())
+    assert full["started_at"].utcoffset() == dt.timedelta(0)
+
+    sparse = dict(zip(REQUEST_COLUMN_NAMES, got[1]))
+    assert sparse["started_at"] == dt.datetime(2025, 1, 1, 0, 0, tzinfo=UTC)
+    assert sparse["started_at"].utcoffset() == dt.timedelta(0)
+    assert {k for k, v in sparse.items() if v is not None} == {"id", "started_at"}
+
+    chunks = con.execute(f"SELECT {', '.join(CHUNK_COLUMN_NAMES)} FROM chunks ORDER BY seq").fetchall()
+    assert chunks == [("r1", 0, 12.5, 40, "message_start"), ("r1", 1, 13.0, 7, None)]
+    con.close()
+
+
+def test_a_row_is_written_within_the_flush_interval_without_flush(store: Store):
+    store.put({"id": "soon"})
+    deadline = time.monotonic() + 1.5
+    while rows(store, "SELECT count(*) FROM requests") != [(1,)]:
+        assert time.monotonic() < deadline, "not written within 1.5 s"
+        time.sleep(0.05)
+
+
+def test_close_writes_everything_pending(db: Path):
+    s = Store(db, flush_interval_s=60)
+    s.start()
+    for i in range(3000):
+        s.put({"id": str(i), "status": 200}, [(str(i), seq, seq * 1.0, 10, "delta") for seq in range(20)])
+    s.close()
+    s.close()  # idempotent
+    assert s.stats()["requests_written"] == 3000
+    con = open_readonly(db)
+    assert rows(con, "SELECT count(*), count(DISTINCT id) FROM requests") == [(3000, 3000)]
+    assert rows(con, "SELECT count(*) FROM chunks") == [(60_000,)]
+    con.close()
+
+
+def test_put_after_close_only_counts_drops(db: Path):
+    s = Store(db)
+    s.start()
+    s.close()
+    s.put({"id": "late"}, [("late", 0, 1.0, 1, None)] * 3)
+    assert s.stats()["requests_dropped"] == 1 and s.stats()["chunks_dropped"] == 3
+    assert s.flush(1)
+    with pytest.raises(StoreError):
+        s.start()
+
+
+def test_record_chunks_false_keeps_requests_only(db: Path):
+    s = Store(db, record_chunks=False)
+    s.start()
+    s.put({"id": "a"}, [("a", 0, 1.0, 1, None)])
+    s.close()
+    con = open_readonly(db)
+    assert rows(con, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM chunks)") == [(1, 0)]
+    assert s.stats()["chunks_dropped"] == 0
+    con.close()
+
+
+# -- bounded, and never failing the caller ------------------------------------
+
+
+def test_chunks_are_dropped_before_requests_when_pending_is_full(db: Path):
+    s = Store(db, flush_interval_s=60, max_pending_requests=3, max_pending_chunks=5)
+    s.start()
+    for i in range(5):
+        s.put({"id": f"r{i}"}, [(f"r{i}", 0, 1.0, 1, None), (f"r{i}", 1, 2.0, 1, None)])
+    stats = s.stats()
+    assert (stats["pending_requests"], stats["pending_chunks"]) == (3, 4)
+    # r2's chunks did not fit while r2 did; r3 and r4 found the request queue full
+    assert (stats["requests_dropped"], stats["chunks_dropped"]) == (2, 6)
+    assert s.flush(5)
+    assert rows(s, "SELECT id FROM requests ORDER BY id") == [("r0",), ("r1",), ("r2",)]
+    assert rows(s, "SELECT DISTINCT request_id FROM chunks ORDER BY 1") == [("r0",), ("r1",)]
+    s.put({"id": "r5"})  # room again once written
+    s.close()
+    assert s.stats()["requests_written"] == 4
+
+
+def test_rows_that_violate_the_schema_are_dropped_and_the_rest_lands(store: Store, reports: list[str]):
+    for i in range(50):
+        store.put({"id": f"ok{i}", "status": 200}, [(f"ok{i}", 0, 1.0, 5, "delta")])
+    store.put({"id": "bad-status", "status": "teapot"})
+    store.put({"id": "bad-seq"}, [("bad-seq", 2**40, 1.0, 5, "delta"), ("bad-seq", 1, 1.0)])
+    store.put(None)  # type: ignore[arg-type]
+    for i in range(50):
+        store.put({"id": f"ok{50 + i}", "status": 200})
+    assert store.flush(10)
+
+    stats = store.stats()
+    assert rows(store, "SELECT count(*) FROM requests WHERE id LIKE 'ok%'") == [(100,)]
+    assert rows(store, "SELECT count(*) FROM requests") == [(101,)]  # bad-seq's row is fine
+    assert rows(store, "SELECT count(*) FROM chunks") == [(50,)]
+    assert stats["requests_written"] == 101 and stats["chunks_written"] == 50
+    assert stats["requests_dropped"] == 2 and stats["chunks_dropped"] == 2
+    assert stats["rows_rejected"] == 4
+    assert len(reports) == 1 and "2 request row(s) and 2 chunk row(s)" in reports[0]
+
+
+def test_put_never_raises(store: Store):
+    store.put({"id": "x"}, chunks=object())  # type: ignore[arg-type]
+    store.put({"id": "y"}, chunks=[("y",)])
+    assert store.flush(5)
+    assert store.stats()["requests_dropped"] == 1
+    assert store.stats()["chunks_dropped"] == 1
+
+
+@contextlib.contextmanager
+def requests_table_missing(db: Path):
+    """Another connection renames the table away, so every write fails until it is back."""
+    con = duckdb.connect(str(db))  # same process, same settings: the same database instance
+    con.execute("ALTER TABLE requests RENAME TO requests_away")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ALTER TABLE requests_away RENAME TO requests")
+        con.close()
+
+
+def test_a_failing_write_is_retried_reported_once_and_loses_nothing(store: Store, db: Path, reports):
+    with requests_table_missing(db):
+        for i in range(10):
+            store.put({"id": str(i)})
+        assert not store.flush(timeout=1.0)
+        stats = store.stats()
+        assert stats["write_errors"] >= 3 and "requests" in stats["last_error"]
+        assert stats["pending_requests"] == 10
+        assert len(reports) == 1 and "retrying" in reports[0]
+    assert store.flush(10)
+    assert rows(store, "SELECT count(*) FROM requests") == [(10,)]
+    assert len(reports) == 2 and "again" in reports[1]
+
+
+def test_close_gives_up_in_time_when_writes_keep_failing(store: Store, db: Path):
+    with requests_table_missing(db):
+        for i in range(10):
+            store.put({"id": str(i)})
+        started = time.monotonic()
+        store.close(timeout=0.5)
+        assert time.monotonic() - started < 4
+    assert store.stats()["requests_dropped"] == 10
+    assert store.stats()["pending_requests"] == 0
+
+
+# -- files ---------------------------------------------------------------------------
+
+
+def test_new_directory_is_0700_and_database_and_wal_are_0600(tmp_path: Path):
+    db = tmp_path / "new" / "llmtap.duckdb"
+    old = os.umask(0o022)
+    try:
+        s = Store(db)
+        s.start()
+        wal = Path(f"{db}.wal")
+        with contextlib.closing(duckdb.connect(str(db))) as con:  # the same instance
+            con.execute("CHECKPOINT")  # as DuckDB does by itself when the WAL grows
+        assert not wal.exists()
+        s.put({"id": "a"})
+        assert s.flush(5)
+        assert wal.exists()
+        assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+        assert stat.S_IMODE(db.stat().st_mode) == 0o600
+        assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+        s.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+def test_a_path_that_is_a_directory_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(StoreError, match=f"cannot open the database {tmp_path}"):
+        Store(tmp_path).start()
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "notes.txt"
+    path.write_text("not duckdb\n" * 1000)
+    with pytest.raises(StoreError, match="not a valid DuckDB database") as info:
+        Store(path).start()
+    assert "\n" not in str(info.value)
+
+
+def test_a_parent_that_is_a_file_is_a_clear_error(tmp_path: Path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match="cannot create the directory"):
+        Store(tmp_path / "file" / "llmtap.duckdb").start()
+
+
+def test_another_process_holding_the_file_is_named(db: Path):
+    s = Store(db)
+    s.start()
+    s.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ready', flush=True); time.sleep(30)", str(db)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        with pytest.raises(DatabaseLocked) as info:
+            Store(db).start()
+        assert info.value.pid == holder.pid
+        assert f"PID {holder.pid}" in str(info.value) and "llmtap sql" in str(info.value)
+        with pytest.raises(DatabaseLocked, match=f"PID {holder.pid}"):
+            open_readonly(db)
+    finally:
+        holder.kill()
+        holder.wait(5)
+
+
+def test_open_readonly_on_a_missing_file(tmp_path: Path):
+    with pytest.raises(StoreError, match="no database at"):
+        open_readonly(tmp_path / "nothing.duckdb")
+    assert not (tmp_path / "nothing.duckdb").exists()
+
+
+def test_open_readonly_refuses_writes(store: Store, db: Path):
+    store.close()
+    con = open_readonly(db)
+    with pytest.raises(duckdb.Error):
+        con.execute("INSERT INTO requests (id) VALUES ('x')")
+    con.close()
+
+
+# -- queries while serving --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO requests (id) VALUES ('x')",
+        "DROP TABLE requests",
+        "SELECT 1; DROP TABLE requests",
+        "SELECT 1; SELECT 2",
+        "DELETE FROM requests",
+        "CREATE TABLE t AS SELECT 1",
+        "COPY requests TO '/tmp/llmtap-leak.csv'",
+        "ATTACH ':memory:' AS other",
+        "PRAGMA version",
+        "SET threads = 1",
+        "CALL checkpoint()",
+        "EXPLAIN ANALYZE INSERT INTO requests (id) VALUES ('x')",
+        "",
+    ],
+)
+def test_query_refuses_anything_but_one_read(store: Store, sql: str):
+    store.put({"id": "keep"})
+    assert store.flush(5)
+    with pytest.raises(StoreError, match="only read-only queries"):
+        store.query(sql)
+    assert rows(store, "SELECT id FROM requests") == [("keep",)]
+
+
+def test_query_returns_names_types_rows_and_takes_params(store: Store):
+    store.put({"id": "a", "status": 200, "started_at": dt.datetime(2025, 1, 1, tzinfo=UTC)})
+    store.put({"id": "b", "status": 500})
+    assert store.flush(5)
+    names, types, got = store.query("SELECT id, status, started_at FROM requests WHERE status < ? ORDER BY id", [300])
+    assert names == ["id", "status", "started_at"]
+    assert types == ["VARCHAR", "INTEGER", "TIMESTAMP WITH TIME ZONE"]
+    assert got == [("a", 200, dt.datetime(2025, 1, 1, tzinfo=UTC))]
+    assert len(store.query("SELECT * FROM range(10)", max_rows=3)[2]) == 3
+    assert "ttft_ms" in [r[0] for r in store.query("DESCRIBE requests")[2]]
+    assert store.query("SUMMARIZE requests")[2]
+    assert store.query("EXPLAIN SELECT * FROM requests")[2]
+    with pytest.raises(StoreError, match="nope"):
+        store.query("SELECT * FROM nope")
+
+
+def test_query_setup_runs_on_the_query_cursor(store: Store):
+    store.query_setup = lambda cur: cur.execute("CREATE TEMP VIEW ok AS SELECT * FROM requests WHERE status = 200")
+    store.put({"id": "a", "status": 200})
+    store.put({"id": "b", "status": 500})
+    assert store.flush(5)
+    assert rows(store, "SELECT id FROM ok") == [("a",)]
+
+
+def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: Path):
+    fifo = tmp_path / "slow.csv"
+    os.mkfifo(fifo)
+    result: dict[str, Any] = {}
+
+    def long_query() -> None:  # blocks reading the pipe until the test writes it
+        result["rows"] = store.query(f"SELECT count(*) FROM read_csv('{fifo}', header = true, columns = {{'a': 'INTEGER'}})")[2]
+
+    reader = threading.Thread(target=long_query, daemon=True)
+    reader.start()
+    try:
+        time.sleep(0.2)
+        for i in range(2000):
+            store.put({"id": str(i)}, [(str(i), 0, 1.0, 1, None)])
+            if i % 500 == 0:
+                time.sleep(0.05)
+        assert store.flush(5)
+        assert reader.is_alive(), "the long query should still be running"
+        assert rows(store, "SELECT count(*) FROM requests") == [(2000,)]
+        assert rows(store, "SELECT count(*) FROM chunks") == [(2000,)]
+    finally:
+        fd = os.open(fifo, os.O_RDWR)  # never blocks, even when the reader is not there
+        os.write(fd, b"a\n1\n2\n")
+        os.close(fd)
+        reader.join(5)
+    assert result["rows"] == [(2,)]
+    assert store.stats()["requests_dropped"] == 0
