@@ -18,6 +18,7 @@ from aiohttp import web
 from .relay_state import STATE, ProxyState
 
 TOKEN_HEADER = "X-Llmtap-Admin-Token"
+MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -71,7 +72,8 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
         return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
     loop = asyncio.get_running_loop()
     try:
-        columns, types, rows = await loop.run_in_executor(None, state.store.query, query)
+        columns, types, rows = await loop.run_in_executor(None, state.store.query, query, None, MAX_ROWS + 1)
     except Exception as exc:  # the query's own error, for the user
         return _json({"error": str(exc)}, 400)
-    return _json({"columns": columns, "types": types, "rows": rows})
+    truncated = len(rows) > MAX_ROWS
+    return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})

@@ -35,7 +35,7 @@ def parse_upstream(url: str) -> URL:
         raise RouteError(f"upstream must be an http:// or https:// URL with a host, not {url!r}")
     if parsed.query_string or parsed.fragment:
         raise RouteError(f"upstream URL must not carry a query or fragment: {url!r}")
-    return parsed.with_path(parsed.raw_path.rstrip("/") or "/", encoded=True)
+    return URL(str(parsed.origin()) + parsed.raw_path.rstrip("/"), encoded=True)
 
 
 def parse_route(spec: str) -> Route:

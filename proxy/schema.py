@@ -83,6 +83,7 @@ OUTCOMES = (
     "upstream_timeout",
     "client_disconnected",
     "stream_truncated",
+    "stream_error",
     "proxy_error",
 )
 

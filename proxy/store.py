@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,13 +58,13 @@ class StoreError(Exception):
 class DatabaseLocked(StoreError):
     """Another process holds the database file (DuckDB allows one writer process)."""
 
-    def __init__(self, path: Path, pid: int | None, holder: str | None = None) -> None:
+    def __init__(self, path: Path, pid: int | None, holder: str | None = None, message: str | None = None) -> None:
         self.path, self.pid, self.holder = path, pid, holder
         who = f" (PID {pid}{', ' + holder if holder else ''})" if pid is not None else ""
-        super().__init__(
+        super().__init__(message or (
             f"the database {path} is in use by another process{who}; if that is a running "
             "`llmtap serve`, query through it with `llmtap sql`"
-        )
+        ))
 
 
 class _Table:
@@ -95,7 +94,7 @@ class _Table:
 
 
 REQUESTS = _Table("requests", REQUEST_COLUMNS, 2_000)
-CHUNKS = _Table("chunks", CHUNK_COLUMNS, 20_000)
+CHUNKS = _Table("chunks", CHUNK_COLUMNS, 10_000)
 
 Unit = list[tuple[_Table, list[Any]]]  # written in one transaction
 
@@ -173,11 +172,18 @@ class Store:
             self._wake.set()
             thread.join(timeout)
             if thread.is_alive():  # still failing to write: give up on what is left
-                self._abandon.set()
-                thread.join(2.0)
+                self._give_up(thread)
         self._drop_pending()
         if thread is None or not thread.is_alive():
             self._close_connection()
+
+    def _give_up(self, thread: threading.Thread) -> None:
+        before = self.stats()
+        self._abandon.set()
+        thread.join(2.0)
+        lost = before["pending_requests"], before["pending_chunks"]
+        self._report(f"llmtap store: closed without writing {lost[0]} request row(s) and {lost[1]} chunk row(s)"
+                     f" to {self.path} ({before['last_error']})")
 
     def _close_connection(self) -> None:
         with self._con_lock, _private_umask():
@@ -190,7 +196,10 @@ class Store:
     # -- the event loop's side ---------------------------------------------
 
     def put(self, row: dict[str, Any], chunks: list[tuple[Any, ...]] | None = None) -> None:
-        """Queue one request's row and its chunk rows. Never blocks, never raises."""
+        """Queue one request's row and its chunk rows. Never blocks, never raises.
+
+        The store keeps `row` and the chunk tuples as they are: do not change them afterwards.
+        """
         try:
             n = len(chunks) if chunks and self._record_chunks else 0
             with self._lock:
@@ -198,11 +207,11 @@ class Store:
                     self._counts["requests_dropped"] += 1
                     self._counts["chunks_dropped"] += n
                     return
-                self._requests.append(row)
                 if n and len(self._chunks) + n > self._max_chunks:
                     self._counts["chunks_dropped"] += n
                 elif n:
                     self._chunks.extend(chunks)  # type: ignore[arg-type]
+                self._requests.append(row)
                 self._put_seq += 1
                 wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
             if wake:
@@ -429,7 +438,9 @@ def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
         m = _LOCK_HOLDER.search(message)
         return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)
     if "different configuration than existing connections" in message:  # this very process
-        return DatabaseLocked(path, os.getpid(), "this process")
+        return DatabaseLocked(path, os.getpid(), message=(
+            f"the database {path} is already open in this process in the other mode (read-write or "
+            "read-only); while a Store has it, query through Store.query()"))
     return StoreError(f"cannot open the database {path}: {message}")
 
 

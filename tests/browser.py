@@ -173,6 +173,11 @@ class Chromium:
                 await asyncio.sleep(0.05)
         return value
 
+    async def resize(self, width: int, height: int) -> None:
+        """Emulate a window of this size (fires the page's resize event)."""
+        await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                        deviceScaleFactor=1, mobile=False)
+
     async def mouse_move(self, x: float, y: float) -> None:
         await self.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
 

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
@@ -17,6 +18,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from analysis.cli import COMMANDS
+from analysis.export import export
+from analysis.filters import Filters
 from analysis.source import FileSource, ServeSource, SourceError, open_source
 from analysis.views import DERIVED_COLUMNS, create_views
 from .analysis_fixture import build_fixture_db
@@ -201,7 +204,8 @@ def test_create_views_on_an_empty_database(tmp_path: Path) -> None:
 
 # A stand-in for the proxy's admin endpoint (the real one is another module's):
 # it holds the database read-write in its own process, as `llmtap serve` does,
-# and answers POST /_llmtap/sql per the contract.
+# and answers POST /_llmtap/sql per the contract: read-only statements only,
+# at most MAX_ROWS rows.
 SERVE_DOUBLE = textwrap.dedent("""
     import asyncio, json, os, sys
     import duckdb, orjson
@@ -209,6 +213,8 @@ SERVE_DOUBLE = textwrap.dedent("""
     from analysis.views import create_views
 
     db, state, token = sys.argv[1], sys.argv[2], sys.argv[3] or None
+    MAX_ROWS = 100_000
+    READ_ONLY = ("SELECT", "WITH", "FROM", "DESCRIBE", "SHOW", "SUMMARIZE", "EXPLAIN")
     con = duckdb.connect(db)
     cursor = con.cursor()
     create_views(cursor)
@@ -216,9 +222,12 @@ SERVE_DOUBLE = textwrap.dedent("""
     async def sql(request):
         if token and request.headers.get("X-Llmtap-Admin-Token") != token:
             return web.json_response({"error": "the admin token is wrong"}, status=403)
+        query = (await request.json())["sql"]
+        if query.split(None, 1)[0].upper() not in READ_ONLY:
+            return web.json_response({"error": "only read-only queries run through the proxy"}, status=400)
         try:
-            result = cursor.execute((await request.json())["sql"])
-            rows = result.fetchall() if result.description else []
+            result = cursor.execute(query)
+            rows = result.fetchmany(MAX_ROWS) if result.description else []
         except duckdb.Error as exc:
             return web.json_response({"error": str(exc)}, status=400)
         description = result.description or []
@@ -264,7 +273,10 @@ def serving(db: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
         proc.wait(10)
 
 
-def test_queries_go_to_the_running_serve(serving: Path, fixture_file: Path) -> None:
+def test_queries_go_to_the_running_serve(
+    serving: Path, fixture_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # must not be used for the proxy's own port
     with pytest.raises(duckdb.IOException, match="lock"):
         duckdb.connect(str(serving), read_only=True)
     source = open_source(serving)
@@ -274,6 +286,29 @@ def test_queries_go_to_the_running_serve(serving: Path, fixture_file: Path) -> N
         assert ok(sql(serving, QUERY, "--format", fmt)) == EXPECTED[fmt]
     local_report = ok(CliRunner().invoke(main, ["report", "--db", str(fixture_file), "--by", "tool"]))
     assert ok(CliRunner().invoke(main, ["report", "--db", str(serving), "--by", "tool"])) == local_report
+
+
+def test_export_through_serve(serving: Path, fixture_file: Path, tmp_path: Path) -> None:
+    """The endpoint runs no COPY: rows are fetched in pages and written here."""
+    local = CliRunner().invoke(main, ["export", "--db", str(fixture_file), "--out", str(tmp_path / "a")])
+    remote = CliRunner().invoke(main, ["export", "--db", str(serving), "--out", str(tmp_path / "b")])
+    assert remote.exit_code == 0, remote.output
+    assert remote.output == local.output.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    source = open_source(serving)
+    export(source, tmp_path / "c", "parquet", Filters(since=datetime(2026, 11, 29, tzinfo=timezone.utc)),
+           page_rows=40)
+    con = duckdb.connect()
+
+    def files(name: str, table: str) -> str:
+        return f"read_parquet('{tmp_path}/{name}/{table}/*/*.parquet', hive_partitioning = true)"
+
+    for table, rows in (("requests", 21), ("chunks", 371)):  # chunks: ten pages of 40
+        assert con.execute(f"SELECT count(*) FROM {files('c', table)}").fetchone() == (rows,)
+        missing = con.execute(
+            f"SELECT count(*) FROM (SELECT * FROM {files('a', table)} WHERE day >= '2026-11-29'"
+            f" EXCEPT ALL SELECT * FROM {files('c', table)})"
+        ).fetchone()
+        assert missing == (0,), table
 
 
 def test_query_errors_come_back_from_serve(serving: Path) -> None:
@@ -289,9 +324,7 @@ def test_serve_with_an_admin_token(serving: Path) -> None:
     paths.state_path().write_text(json.dumps({**state, "admin_token": "wrong"}))
     result = sql(serving, "SELECT 1")
     assert result.exit_code == 1
-    assert result.output == (
-        "Error: llmtap serve refused the query: the admin token is wrong"
-        " (set admin_token in the serve config)\n")
+    assert result.output == "Error: llmtap serve refused the query: the admin token is wrong\n"
 
 
 @pytest.fixture

@@ -99,7 +99,34 @@ def test_upstream_failing(status: int, word: str) -> None:
 def test_upstream_failing_is_not_for_llmtaps_own_errors_or_4xx() -> None:
     assert d.upstream_failing(group(502, outcome="proxy_error")) is None
     assert d.upstream_failing(group(429)) is None
-    assert d.upstream_failing(group(None, outcome="upstream_unreachable")) is None
+    assert d.upstream_failing(group(502, outcome="upstream_unreachable")) is None
+    assert d.upstream_failing(group(504, outcome="upstream_timeout")) is None
+
+
+def test_stream_error() -> None:
+    overloaded = ErrorGroup("stream_error", 200, "overloaded_error", 1)
+    assert d.stream_error(overloaded) == (
+        "the upstream sent an error event mid-stream (overloaded_error): the answer is cut short;"
+        " the upstream is overloaded: retry later")
+    other = ErrorGroup("stream_error", 200, "api_error", 1)
+    assert d.stream_error(other) == (
+        "the upstream sent an error event mid-stream (api_error): the answer is cut short;"
+        " retry, and check the message")
+    assert d.stream_error(ErrorGroup("http_error", 529, "overloaded_error", 1)) is None
+
+
+def test_llmtaps_own_rejections() -> None:
+    no_route = ErrorGroup("http_error", 404, "no_route", 3, paths=["/openai/v1/chat/completions"])
+    assert d.no_route(no_route) == (
+        "llmtap has no route for /openai/v1/chat/completions: fix the client's base URL, or add"
+        " `llmtap serve --route PREFIX=URL`")
+    connect = ErrorGroup("http_error", 405, "method_not_allowed", 1)
+    line = d.forward_proxy(connect)
+    assert line is not None and "forward proxy" in line
+    too_large = ErrorGroup("http_error", 413, "request_too_large", 1)
+    assert d.too_large(too_large) == "request bodies over llmtap's limit: raise `llmtap serve --max-body-mb`"
+    plain_404 = ErrorGroup("http_error", 404, "not_found_error", 1)
+    assert (d.no_route(plain_404), d.forward_proxy(plain_404), d.too_large(plain_404)) == (None, None, None)
 
 
 def test_unreachable_names_the_host() -> None:
@@ -128,7 +155,7 @@ def test_empty_choices() -> None:
 
 def test_every_rule_is_in_the_table() -> None:
     names = [name for name, _ in d.RULES]
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) == 16
     assert all(getattr(d, name) is rule for name, rule in d.RULES)
 
 
@@ -148,48 +175,51 @@ def test_diagnose_gives_every_matching_cause() -> None:
 ERRORS = """\
 15 failed of 31 requests (48.4%) from 2026-11-28 09:02 to 2026-11-30 17:41 UTC
 
-count  status  outcome               error_type               last seen (UTC)
------  ------  --------------------  -----------------------  ----------------
-    2     429  http_error            rate_limit_error         2026-11-29 08:31
-  - rate limited (retry-after: 12 s, 30 s): lower the request rate or
-    concurrency, or raise the quota
-    2     401  http_error            authentication_error     2026-11-28 10:16
+count  status  outcome               error_type             last seen (UTC)
+-----  ------  --------------------  ---------------------  ----------------
+    2     401  http_error            authentication_error   2026-11-28 10:16
   - API key rejected: missing, expired or revoked, or with stray whitespace or a
     newline; keys seen: (none), k:9d41b7aa03c2 ((none): no key sent)
-    1     403  http_error            permission_error         2026-11-30 12:00
+    1     403  http_error            permission_error       2026-11-30 12:00
   - the key works but may not do this (no access to the model, organisation,
     project or region); keys seen: k:7f3a9c1e5b20
-    1     502  proxy_error           proxy_error              2026-11-29 15:06
+    1     502  proxy_error           proxy_error            2026-11-29 15:06
   - llmtap itself failed on these requests: see the `llmtap serve` log, and
     report a bug
-    1     200  ok                    -                        2026-11-29 15:00
+    1     200  ok                    -                      2026-11-29 15:00
   - 2 chunks with empty `choices` (usage or content-filter chunks) break clients
     that read choices[0] unchecked ('reading choices' errors)
-    1     200  stream_truncated      -                        2026-11-29 13:30
+    1     200  stream_truncated      -                      2026-11-29 13:30
   - the upstream closed the stream before its terminal event (network drop or
     upstream crash): the client got a partial answer
-    1     200  client_disconnected   -                        2026-11-29 13:00
+    1     200  client_disconnected   -                      2026-11-29 13:00
   - the client gave up before the end (its own timeout, or Ctrl-C): not an
     upstream failure
-    1       -  upstream_timeout      TimeoutError             2026-11-29 10:30
+    1     504  upstream_timeout      upstream_timeout       2026-11-29 10:30
   - the upstream was silent longer than llmtap's timeout (overloaded?): retry,
     or raise `llmtap serve --connect-timeout/--idle-timeout`
-    1       -  upstream_unreachable  ClientConnectorDNSError  2026-11-29 10:05
-  - could not connect to llm.internal:8000 (DNS failure or connection refused):
-    check the route's upstream URL, and HTTP_PROXY/HTTPS_PROXY/NO_PROXY
-    1     529  http_error            overloaded_error         2026-11-29 09:40
+    1     502  upstream_unreachable  upstream_unreachable   2026-11-29 10:05
+  - could not connect to llm.internal (DNS failure or connection refused): check
+    the route's upstream URL, and HTTP_PROXY/HTTPS_PROXY/NO_PROXY
+    1     529  http_error            overloaded_error       2026-11-29 09:40
   - upstream overloaded (HTTP 529): retry later with backoff; check the
     provider's status page
-    1     500  http_error            server_error             2026-11-29 09:10
+    1     500  http_error            server_error           2026-11-29 09:10
   - upstream failing (HTTP 500): retry later with backoff; check the provider's
     status page
-    1     404  http_error            invalid_request_error    2026-11-28 16:45
+    1     200  stream_error          overloaded_error       2026-11-29 08:31
+  - the upstream sent an error event mid-stream (overloaded_error): the answer
+    is cut short; the upstream is overloaded: retry later
+    1     429  http_error            rate_limit_error       2026-11-29 08:31
+  - rate limited (retry-after: 30 s): lower the request rate or concurrency, or
+    raise the quota
+    1     404  http_error            invalid_request_error  2026-11-28 16:45
   - unknown model gpt-5o: check the model id for typos, and that the key may use
     it
-    1     404  http_error            -                        2026-11-28 14:26
+    1     404  http_error            -                      2026-11-28 14:26
   - path /local/chat/completions has no /v1: OpenAI-style clients append only
     /chat/completions or /responses, so their base URL must end in /v1
-    1     404  http_error            not_found_error          2026-11-28 11:00
+    1     404  http_error            not_found_error        2026-11-28 11:00
   - path /v1/v1/messages repeats /v1: the base URL already ends in /v1 and the
     client adds another: remove /v1 from the base URL
 """
@@ -208,7 +238,7 @@ def test_report_errors_is_the_same(db: Path) -> None:
 def test_errors_csv_with_filters(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tool", "codex", "--format", "csv") == """\
 outcome,status,error_type,count,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,causes
-upstream_timeout,,TimeoutError,1,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,no bytes from the upstream for 600 s,api.openai.com,0,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
+upstream_timeout,504,upstream_timeout,1,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
 http_error,500,server_error,1,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
 http_error,404,invalid_request_error,1,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
 """

@@ -51,9 +51,9 @@ requests: 31 rows in 3 days -> {out}/requests (parquet)
   day=2026-11-28      10 rows
   day=2026-11-29      12 rows
   day=2026-11-30       9 rows
-chunks: 494 rows in 3 days -> {out}/chunks (parquet)
+chunks: 504 rows in 3 days -> {out}/chunks (parquet)
   day=2026-11-28     133 rows
-  day=2026-11-29     215 rows
+  day=2026-11-29     225 rows
   day=2026-11-30     146 rows
 """
     requests, chunks = expected_days()

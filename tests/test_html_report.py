@@ -17,11 +17,11 @@ from analysis.filters import Filters
 from analysis.html_queries import SCATTER_POINTS
 from analysis.html_report import duckdb_query, render_html
 from analysis.source import open_source
-from analysis_fixture import build_fixture_db
+from .analysis_fixture import build_fixture_db
 from browser import Chromium, find_chromium
 from proxy.schema import create_tables_sql
 
-XSS_MODEL = "<script>alert(1)</script>"
+XSS_MODEL = "<script>alert(1)</script><img src=x onerror=alert(3)>"
 XSS_MESSAGE = "Rate limit <img src=x onerror=alert(2)> reached"
 # model, TTFT at 0 input tokens (ms), TTFT per input token (ms), TPOT (ms)
 MODELS = (
@@ -32,6 +32,7 @@ MODELS = (
 )
 REQUESTS = 800
 CHART_COUNT = 8
+NARROW = 600
 
 # Request i goes to model i % 4, every 6 s; every 13th is a 429, every 29th an upstream timeout.
 # The noise is a fixed permutation, so every run builds the same rows.
@@ -178,27 +179,36 @@ Array.from(document.querySelectorAll('.chart .u-over')).map(el => {
 """
 
 
+CANVAS_WIDTHS_JS = "Array.from(document.querySelectorAll('.chart canvas')).map(c => c.getBoundingClientRect().width)"
+LEGENDS_JS = "Array.from(document.querySelectorAll('.u-legend')).map(l => l.textContent)"
+NEXT_FRAME_JS = "new Promise(r => requestAnimationFrame(() => setTimeout(r, 50)))"
+
+
 async def browse(page_html: str, tmp_path: Path, name: str) -> tuple[Chromium, dict]:
-    """Open the page, wait for its charts, hover each one; return the browser's findings."""
+    """Open the page, wait for its charts, hover each one, narrow the window; return what was seen."""
     path = tmp_path / f"{name}.html"
     path.write_text(page_html, encoding="utf-8")
     async with asyncio.timeout(60), Chromium(CHROMIUM, width=1400, height=1000) as browser:
         await browser.open(path.as_uri())
-        with contextlib.suppress(TimeoutError):  # the asserts below say what did not happen
+        with contextlib.suppress(TimeoutError):  # the asserts say what did not happen
             await browser.wait_for("window.__llmtapChartsDrawn === window.__llmtapChartsExpected", 10)
         seen = {
             "expected": await browser.evaluate("window.__llmtapChartsExpected"),
             "drawn": await browser.evaluate("window.__llmtapChartsDrawn"),
             "pixels": await browser.evaluate(COLOURED_PIXELS_JS),
             "scripts": await browser.evaluate("document.scripts.length"),
-            "legend": await browser.evaluate("Array.from(document.querySelectorAll('.u-legend')).map(l => l.textContent)"),
+            "legend": await browser.evaluate(LEGENDS_JS),
         }
         for x, y in await browser.evaluate(CHART_CENTRES_JS):
-            await browser.evaluate("new Promise(r => requestAnimationFrame(r))")
+            await browser.evaluate(NEXT_FRAME_JS)
             await browser.mouse_move(x, y)
-        await browser.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 50)))")
+        await browser.evaluate(NEXT_FRAME_JS)
         if shots := os.environ.get("LLMTAP_SCREENSHOTS"):
             await browser.screenshot(Path(shots) / f"{name}.png")
+        await browser.resize(NARROW, 900)  # a phone: one column, and the charts follow
+        with contextlib.suppress(TimeoutError):
+            await browser.wait_for(f"{CANVAS_WIDTHS_JS}.every(w => w <= {NARROW})", 5)
+        seen["narrow_widths"] = await browser.evaluate(CANVAS_WIDTHS_JS)
     return browser, seen
 
 
@@ -213,6 +223,8 @@ async def test_every_chart_draws_in_chromium_without_errors(report: str, tmp_pat
     assert seen["scripts"] == 3
     assert any(XSS_MODEL in text for text in seen["legend"])  # reached the page as text
     assert all(url.startswith("file://") for url in browser.requested), browser.requested
+    assert len(seen["narrow_widths"]) == CHART_COUNT
+    assert all(200 < w <= NARROW for w in seen["narrow_widths"]), seen["narrow_widths"]
 
 
 ONE_REQUEST_SQL = """INSERT INTO requests (id, started_at, request_model, stream, status, outcome,

@@ -51,7 +51,7 @@ gpt-5o                1  100.0%      -      -      -      -      -
                       TPOT     output     tokens     cache
 model               p50   p99  tok/s      in   out  read%
 -----------------  ----  ----  -----  ------  ----  -----
-claude-sonnet-4-5  22ms  25ms     37  246.5k  2.5k  94.5%
+claude-sonnet-4-5  22ms  25ms     37  272.0k  2.6k  94.5%
 gpt-5              13ms  15ms     61  125.0k  2.2k  88.0%
 qwen3-coder-30b    18ms  19ms     48   12.5k   570      -
 claude-haiku-4-5      -     -     33    5.5k    90   0.0%
@@ -92,7 +92,7 @@ day         reqs   err%    p50    p90    p99   p50    p99
 day          p50   p99  tok/s      in   out  read%
 ----------  ----  ----  -----  ------  ----  -----
 2026-11-28  22ms  22ms     40   82.8k  1.6k  78.5%
-2026-11-29  19ms  25ms     46   37.5k  1.2k  64.0%
+2026-11-29  19ms  25ms     46   63.0k  1.2k  76.2%
 2026-11-30  16ms  25ms     34  270.1k  2.7k  94.1%""",
     ]
 
@@ -182,7 +182,7 @@ def test_report_json(db: Path) -> None:
 def test_report_csv(db: Path) -> None:
     assert run(db, "--by", "route", "--format", "csv") == """\
 route,requests,errors,error_pct,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,e2e_p99_ms,output_tokens_per_s_p50,input_tokens,output_tokens,cache_read_tokens,cache_read_share
-/,18,8,44.44,885.0,2350.0,3115.0,22.4,25.0,3655.0,20749.0,34.1,252050,2591,233000,0.9244
+/,18,8,44.44,885.0,2350.0,3115.0,22.4,25.0,3655.0,20749.0,34.1,277550,2651,257000,0.926
 /openai,8,4,50.0,2100.0,2340.0,2394.0,13.4,14.8,11150.0,14440.0,61.6,125800,2320,110000,0.8744
 /local,5,3,60.0,415.0,443.0,449.3,17.8,18.5,2800.0,2996.0,48.1,12500,570,,
 """

@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES
+from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS
 from proxy.store import DatabaseLocked, Store, StoreError, open_readonly
 
 UTC = dt.timezone.utc
@@ -40,23 +40,15 @@ def store(db: Path, reports: list[str]):
 
 def full_row(i: int) -> dict[str, Any]:
     """Every column set, with the Python type the meter produces for it."""
-    row: dict[str, Any] = {}
-    for name, type_ in zip(REQUEST_COLUMN_NAMES, _types()):
-        row[name] = {
-            "VARCHAR": f"{name}-{i}",
-            "BOOLEAN": i % 2 == 0,
-            "BIGINT": 10_000_000_000 + i,
-            "INTEGER": 200 + i,
-            "DOUBLE": i + 0.25,
-            "TIMESTAMPTZ": dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC) + dt.timedelta(seconds=i),
-        }[type_]
-    return row
-
-
-def _types() -> list[str]:
-    from proxy.schema import REQUEST_COLUMNS
-
-    return [t for _, t in REQUEST_COLUMNS]
+    values = {
+        "VARCHAR": lambda name: f"{name}-{i}",
+        "BOOLEAN": lambda _: i % 2 == 0,
+        "BIGINT": lambda _: 10_000_000_000 + i,
+        "INTEGER": lambda _: 200 + i,
+        "DOUBLE": lambda _: i + 0.25,
+        "TIMESTAMPTZ": lambda _: dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC) + dt.timedelta(seconds=i),
+    }
+    return {name: values[type_](name) for name, type_ in REQUEST_COLUMNS}
 
 
 def rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
@@ -160,6 +152,7 @@ def test_rows_that_violate_the_schema_are_dropped_and_the_rest_lands(store: Stor
         store.put({"id": f"ok{i}", "status": 200}, [(f"ok{i}", 0, 1.0, 5, "delta")])
     store.put({"id": "bad-status", "status": "teapot"})
     store.put({"id": "bad-seq"}, [("bad-seq", 2**40, 1.0, 5, "delta"), ("bad-seq", 1, 1.0)])
+    store.put({"id": "naive", "started_at": dt.datetime(2025, 1, 1)})  # started_at must be aware
     store.put(None)  # type: ignore[arg-type]
     for i in range(50):
         store.put({"id": f"ok{50 + i}", "status": 200})
@@ -170,9 +163,9 @@ def test_rows_that_violate_the_schema_are_dropped_and_the_rest_lands(store: Stor
     assert rows(store, "SELECT count(*) FROM requests") == [(101,)]  # bad-seq's row is fine
     assert rows(store, "SELECT count(*) FROM chunks") == [(50,)]
     assert stats["requests_written"] == 101 and stats["chunks_written"] == 50
-    assert stats["requests_dropped"] == 2 and stats["chunks_dropped"] == 2
-    assert stats["rows_rejected"] == 4
-    assert len(reports) == 1 and "2 request row(s) and 2 chunk row(s)" in reports[0]
+    assert stats["requests_dropped"] == 3 and stats["chunks_dropped"] == 2
+    assert stats["rows_rejected"] == 5
+    assert len(reports) == 1 and "3 request row(s) and 2 chunk row(s)" in reports[0]
 
 
 def test_put_never_raises(store: Store):
@@ -210,7 +203,7 @@ def test_a_failing_write_is_retried_reported_once_and_loses_nothing(store: Store
     assert len(reports) == 2 and "again" in reports[1]
 
 
-def test_close_gives_up_in_time_when_writes_keep_failing(store: Store, db: Path):
+def test_close_gives_up_in_time_when_writes_keep_failing(store: Store, db: Path, reports: list[str]):
     with requests_table_missing(db):
         for i in range(10):
             store.put({"id": str(i)})
@@ -219,6 +212,12 @@ def test_close_gives_up_in_time_when_writes_keep_failing(store: Store, db: Path)
         assert time.monotonic() - started < 4
     assert store.stats()["requests_dropped"] == 10
     assert store.stats()["pending_requests"] == 0
+    assert "closed without writing 10 request row(s)" in reports[-1]
+
+
+def test_open_readonly_in_the_process_that_writes_says_so(store: Store, db: Path):
+    with pytest.raises(DatabaseLocked, match="already open in this process"):
+        open_readonly(db)
 
 
 # -- files ---------------------------------------------------------------------------
@@ -265,12 +264,20 @@ def test_a_parent_that_is_a_file_is_a_clear_error(tmp_path: Path):
         Store(tmp_path / "file" / "llmtap.duckdb").start()
 
 
+HOLD_THE_FILE = """
+import duckdb, sys, time
+con = duckdb.connect(sys.argv[1])
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
 def test_another_process_holding_the_file_is_named(db: Path):
     s = Store(db)
     s.start()
     s.close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ready', flush=True); time.sleep(30)", str(db)],
+        [sys.executable, "-c", HOLD_THE_FILE, str(db)],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -359,7 +366,8 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
     result: dict[str, Any] = {}
 
     def long_query() -> None:  # blocks reading the pipe until the test writes it
-        result["rows"] = store.query(f"SELECT count(*) FROM read_csv('{fifo}', header = true, columns = {{'a': 'INTEGER'}})")[2]
+        sql = f"SELECT count(*) FROM read_csv('{fifo}', header = true, columns = {{'a': 'INTEGER'}})"
+        result["rows"] = store.query(sql)[2]
 
     reader = threading.Thread(target=long_query, daemon=True)
     reader.start()
@@ -380,3 +388,21 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
         reader.join(5)
     assert result["rows"] == [(2,)]
     assert store.stats()["requests_dropped"] == 0
+
+
+def test_timestamps_come_back_in_utc_on_a_machine_in_another_time_zone(db: Path):
+    script = """
+import datetime as dt, sys
+from proxy.store import Store, open_readonly
+s = Store(sys.argv[1]); s.start()
+s.put({"id": "a", "started_at": dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.timezone.utc)})
+assert s.flush(5)
+(ts,), = s.query("SELECT started_at FROM requests")[2]
+s.close()
+(ts2,), = open_readonly(sys.argv[1]).execute("SELECT started_at FROM requests").fetchall()
+print(ts.isoformat(), ts2.isoformat())
+"""
+    env = {**os.environ, "TZ": "Asia/Kolkata"}
+    out = subprocess.run([sys.executable, "-c", script, str(db)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2025-01-01T12:00:00+00:00"] * 2

@@ -1,0 +1,1 @@
+"""llmtap analysis: named SQL, reports and experiments over the recorded requests."""

@@ -1,0 +1,147 @@
+"""`llmtap bench`: the thin click layer over analysis.bench."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+from yarl import URL
+
+from proxy.server import run as run_loop
+from proxy.store import StoreError
+
+from .output import RENDERERS
+from .plan import EXPERIMENTS, PlanOptions, parse_counts
+from .progress import ProgressLine
+from .run import BenchOutcome, BenchRequest, BenchUsageError, bench as run_bench
+from .runner import BenchError, Budget
+
+POSITIVE = click.IntRange(min=1)
+
+
+def _counts(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return parse_counts(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command()
+@click.option("--base-url", metavar="URL", help="OpenAI-compatible base (ends in /v1) or Anthropic base "
+              "(no /v1). Default: the running proxy's default route, else the built-in simulator.")
+@click.option("--api", type=click.Choice(["openai", "anthropic"]), default="openai", show_default=True,
+              help="Chat Completions or Messages.")
+@click.option("--model", help="Model name (required except against the built-in simulator).")
+@click.option("--api-key-env", metavar="VAR", help="Read the API key from this environment variable "
+              "(default OPENAI_API_KEY or ANTHROPIC_API_KEY).")
+@click.option("--api-key", metavar="KEY", help="The API key itself.")
+@click.option("--direct", is_flag=True, help="Send to the upstream directly: no proxy, nothing recorded.")
+@click.option("--proxy-route", default="", metavar="PREFIX", help="Send through this route of the running proxy "
+              "(e.g. /openai) instead of its default route.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path),
+              help="Record into this DuckDB file (via an in-process proxy) instead of the default database.")
+@click.option("--experiment", "experiments", multiple=True, type=click.Choice([*EXPERIMENTS, "all"]),
+              help="Which experiment (repeatable). Default: all.")
+@click.option("--runs", type=POSITIVE, default=5, show_default=True,
+              help="Measured requests per point (per client in the concurrency sweep).")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Warm-up rounds per experiment (a round: as many requests as its first point has in flight), "
+              "left out of the statistics.")
+@click.option("--inputs", callback=_counts, metavar="N,N,...", help="Input lengths in tokens, input sweep "
+              "[default: 200,500,1000,2000,4000].")
+@click.option("--outputs", callback=_counts, metavar="N,N,...", help="max_tokens values, output sweep "
+              "[default: 50,200,500].")
+@click.option("--concurrency", callback=_counts, metavar="N,N,...", help="Concurrency levels "
+              "[default: 1,2,4,8,16,32].")
+@click.option("--parallel", type=POSITIVE, help="Requests in flight within a point of the input, output and "
+              "stream sweeps [default: 1; the simulator's capacity against the built-in simulator].")
+@click.option("--max-requests", type=POSITIVE, help="Send at most this many requests, calibration and warm-up "
+              "included.")
+@click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="Seconds one request may take.")
+@click.option("--format", "fmt", type=click.Choice(list(RENDERERS)), default="table", show_default=True,
+              help="Output format.")
+def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs: tuple[int, ...] | None,
+          concurrency: tuple[int, ...] | None, runs: int, fmt: str, max_requests: int | None,
+          max_seconds: float | None, api_key: str | None, api_key_env: str | None, **options: Any) -> None:
+    """Measure TTFT, TPOT and throughput with controlled requests.
+
+    Input-length, output-length, concurrency and streaming sweeps, recorded by
+    the proxy under the tag bench-<time>-<experiment>. Through the running
+    `llmtap serve` when there is one (its route must point at --base-url's
+    upstream), else through a proxy started for the run; with no --base-url,
+    against the built-in simulated upstream. Ctrl-C stops and keeps what was
+    measured.
+    """
+    if api_key and api_key_env:
+        raise click.UsageError("give --api-key or --api-key-env, not both")
+    chosen = EXPERIMENTS if not experiments or "all" in experiments else tuple(experiments)
+    plan = PlanOptions(runs=runs, experiments=chosen)
+    plan.inputs, plan.outputs, plan.concurrency = inputs or plan.inputs, outputs or plan.outputs, \
+        concurrency or plan.concurrency
+    request = BenchRequest(plan=plan, api_key=api_key, api_key_env=api_key_env, **options)
+    progress = ProgressLine()
+    try:
+        outcome = run_loop(lambda: _bench_until_interrupted(request, Budget(max_requests, max_seconds), progress))
+    except (BenchUsageError, BenchError, StoreError) as exc:
+        progress.finish("")
+        raise click.ClickException(str(exc)) from None
+    progress.finish(_final_line(outcome))
+    click.echo(RENDERERS[fmt](outcome.run, outcome.info), nl=False)
+    for line in _after_lines(outcome, request):
+        click.echo(line, err=True)
+
+
+async def _bench_until_interrupted(request: BenchRequest, budget: Budget, progress: ProgressLine) -> BenchOutcome:
+    """The first Ctrl-C stops the run (and keeps what was measured); a second one aborts."""
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        budget.stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        return await run_bench(request, budget, progress)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def _final_line(outcome: BenchOutcome) -> str:
+    run = outcome.run
+    errors = sum(p.errors for e in run.experiments for p in e.points)
+    stopped = f"; stopped: {run.stopped_by}" if run.stopped_by else ""
+    return f"bench: {run.sent} requests in {run.elapsed_s:.1f} s, {errors} measured failed{stopped}"
+
+
+def _after_lines(outcome: BenchOutcome, request: BenchRequest) -> list[str]:
+    """Where the rows went, and the command for the charts."""
+    run, info = outcome.run, outcome.info
+    if outcome.recorded is None:
+        return ["not recorded (--direct)"]
+    by_tag: dict[str, int] = {}
+    for tag, _host, count in outcome.recorded:
+        by_tag[tag] = by_tag.get(tag, 0) + count
+    lines = [f"recorded {sum(by_tag.values())} rows in {info.db or 'the proxy database'} under {run.tag_base}-*"]
+    missing = {tag: n for tag, n in run.finished.items() if by_tag.get(tag, 0) < n}
+    if missing:
+        lines.append("warning: fewer rows than requests for " + ", ".join(
+            f"{tag} ({by_tag.get(tag, 0)} of {n})" for tag, n in sorted(missing.items())))
+    hosts = sorted({host for _tag, host, _n in outcome.recorded})
+    if request.base_url and hosts and URL(request.base_url).host not in hosts:
+        lines.append(f"warning: the proxy sent these to {', '.join(hosts)}, not to {URL(request.base_url).host}; "
+                     "check the route of the running proxy (--proxy-route)")
+    db_flag = f" --db {request.db}" if request.db is not None else ""
+    for e in run.experiments:
+        lines.append(f"charts: llmtap report --tag {e.tag}{db_flag} --html bench-{e.name}.html")
+    return lines
+

@@ -1,0 +1,140 @@
+"""A finished run as a table, JSON or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from .plan import TITLES
+from .runner import BenchRun
+from .summary import KNEE_GAIN, LATENCY_RISE, ExperimentSummary, PointSummary
+
+FORMATS = ("table", "json", "csv")
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What the run was pointed at, for the header and the JSON."""
+
+    api: str
+    model: str
+    via: str
+    base_url: str
+    runs: int
+    warmup: int
+    db: str | None = None
+
+
+def point_label(p: PointSummary) -> str:
+    point = p.point
+    return {
+        "input": f"{point.input_tokens} in",
+        "output": f"{point.max_tokens} out",
+        "concurrency": f"c={point.concurrency}",
+        "stream": "stream" if point.stream else "no-stream",
+    }.get(point.experiment, point.label)
+
+
+def point_record(p: PointSummary) -> dict[str, Any]:
+    point = p.point
+    record: dict[str, Any] = {
+        "experiment": point.experiment, "target_input_tokens": point.input_tokens, "max_tokens": point.max_tokens,
+        "stream": point.stream, "concurrency": point.concurrency, "requests": point.requests,
+        "ok": p.ok, "errors": p.errors, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,
+    }
+    for name in METRICS:
+        stat = getattr(p, name)
+        base = name.removesuffix("_ms")
+        record[f"{base}_p50_ms"], record[f"{base}_p95_ms"] = stat.p50, stat.p95
+    record.update(output_tokens_per_s=p.output_tokens_per_s, wall_s=p.wall_s, knee=p.knee,
+                  first_error=p.first_error)
+    return record
+
+
+def to_json(run: BenchRun, info: RunInfo) -> str:
+    data = {
+        "tag_base": run.tag_base, "started_at": run.started_at.isoformat(), **asdict(info),
+        "requests_sent": run.sent, "elapsed_s": round(run.elapsed_s, 3), "stopped_by": run.stopped_by,
+        "calibration": run.calibration and {"overhead_tokens": run.calibration.overhead,
+                                            "tokens_per_word": run.calibration.per_word,
+                                            "measured": run.calibration.measured},
+        "experiments": [{"name": e.name, "tag": e.tag, "knee": e.knee, "points": [point_record(p) for p in e.points]}
+                        for e in run.experiments],
+    }
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def to_csv(run: BenchRun, info: RunInfo) -> str:
+    rows = [{"tag": e.tag, **point_record(p)} for e in run.experiments for p in e.points]
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+_HEAD = ("point", "ok", "err", "in_tok", "out_tok", "ttft p50", "p95", "tpot p50", "p95", "itl p50", "p95",
+         "e2e p50", "p95", "out tok/s")
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _row(p: PointSummary) -> list[str]:
+    cells = [point_label(p), str(p.ok), str(p.errors), _num(p.input_tokens, 0), _num(p.output_tokens, 0)]
+    for name in METRICS:
+        stat = getattr(p, name)
+        cells += [_num(stat.p50), _num(stat.p95)]
+    cells.append(_num(p.output_tokens_per_s))
+    if p.knee:
+        cells.append("<- knee")
+    return cells
+
+
+def _grid(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(_HEAD))]
+    lines = []
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:len(_HEAD)], widths[1:])]
+        lines.append("  ".join(cells + r[len(_HEAD):]).rstrip())
+    return lines
+
+
+def _experiment_table(e: ExperimentSummary, info: RunInfo) -> list[str]:
+    first = e.points[0].point if e.points else None
+    width = f", {first.concurrency} in flight" if first and e.name != "concurrency" else ""
+    lines = [TITLES.get(e.name, e.name),
+             f"tag {e.tag}; {info.runs} runs per point{width}; times in ms, median (p50) and p95"]
+    lines += _grid([list(_HEAD)] + [_row(p) for p in e.points])
+    if e.name == "concurrency":
+        lines.append(_knee_line(e))
+    errors = [p for p in e.points if p.first_error]
+    if errors:
+        lines.append(f"errors, the first: {errors[0].first_error}")
+    return lines
+
+
+def _knee_line(e: ExperimentSummary) -> str:
+    rule = (f"throughput gain < {KNEE_GAIN:.0%} of linear while median TPOT or TTFT rose >= {LATENCY_RISE:.0%}")
+    if e.knee is None:
+        return f"knee: none in this sweep ({rule})"
+    return f"knee: concurrency {e.knee} ({rule})"
+
+
+def to_table(run: BenchRun, info: RunInfo) -> str:
+    lines = [f"llmtap bench {run.tag_base}: {info.api} model {info.model} via {info.via}",
+             f"warm-up {info.warmup} round(s) per experiment, excluded; "
+             f"{run.sent} requests in {run.elapsed_s:.1f} s" + (f"; stopped: {run.stopped_by}" if run.stopped_by else "")]
+    for e in run.experiments:
+        lines += [""] + _experiment_table(e, info)
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

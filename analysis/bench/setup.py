@@ -1,0 +1,165 @@
+"""Where the bench sends its requests, so that they are recorded like daily use.
+
+- A `llmtap serve` is running (its state file answers a health check): send
+  through it. Its default route (or the route named by `proxy_route`) must
+  point at the upstream of --base-url; the path of --base-url is kept, so
+  `--base-url https://api.openai.com/v1` becomes `http://127.0.0.1:8787/v1`.
+- No proxy runs: start one in-process for the run, forwarding to the origin of
+  --base-url and recording into the default database (or --db).
+- No --base-url and no running proxy: also start the built-in simulated
+  upstream (capacity 8, TTFT 80 ms + 20 us per input token, 15 ms per token).
+- `direct`: no proxy at all; nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from analysis.filters import sql_string
+from proxy import paths
+from proxy.admin import TOKEN_HEADER
+from proxy.config import ServeConfig
+from proxy.server import RunningProxy
+from proxy.simulator.app import Simulator
+from proxy.simulator.config import SimConfig
+
+from .client import Api
+
+BENCH_SIM = SimConfig(ttft_ms=80, itl_ms=15, tokens=100_000, prefill_us_per_token=20, capacity=8)
+SIM_MODELS = {"openai": "sim-gpt", "anthropic": "sim-claude"}
+RECORD_WAIT_S = 5.0  # how long to wait for a running proxy's writer to catch up
+
+
+@dataclass(frozen=True, slots=True)
+class ServingProxy:
+    """A `llmtap serve` found through its state file."""
+
+    url: str
+    db: str | None
+    admin_token: str | None
+
+
+@dataclass(slots=True)
+class Setup:
+    base_url: str  # where the client sends: a proxy, or the upstream itself
+    via: str  # one line for the user: where the requests go
+    db: Path | None = None  # where the rows land; None when nothing records
+    simulated: bool = False  # the built-in simulator answers
+    capacity: int | None = None  # the simulator's capacity
+    proxy: RunningProxy | None = None  # in-process
+    serving: ServingProxy | None = None  # another process
+
+    async def recorded(self, tag_base: str, expected: int = 0) -> list[tuple[str, str, int]] | None:
+        """(tag, upstream_host, rows) for this run's tags; None when nothing records."""
+        sql = (f"SELECT tag, coalesce(upstream_host, ''), count(*) FROM requests "
+               f"WHERE starts_with(tag, {sql_string(tag_base + '-')}) GROUP BY ALL ORDER BY 1, 2")
+        if self.proxy is not None and self.proxy.store is not None:
+            store = self.proxy.store
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, store.flush, 10)
+            _, _, rows = await loop.run_in_executor(None, store.query, sql)
+            return [tuple(r) for r in rows]  # type: ignore[misc]
+        if self.serving is not None:
+            return await _poll_serving(self.serving, sql, expected)
+        return None
+
+
+async def find_serving(timeout_s: float = 2.0) -> ServingProxy | None:
+    """The running `llmtap serve`, if its state file names one that answers."""
+    try:
+        state: dict[str, Any] = json.loads(paths.state_path().read_text())
+        host, port = str(state["host"]), int(state["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    serving = ServingProxy(url, state.get("db"), state.get("admin_token"))
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.get(url + "/_llmtap/health", headers=_admin_headers(serving)) as resp:
+                return serving if resp.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
+def _admin_headers(serving: ServingProxy) -> dict[str, str]:
+    return {TOKEN_HEADER: serving.admin_token} if serving.admin_token else {}
+
+
+async def _poll_serving(serving: ServingProxy, sql: str, expected: int) -> list[tuple[str, str, int]] | None:
+    """Ask the running proxy until it has written `expected` rows, for RECORD_WAIT_S at most."""
+    rows: list[tuple[str, str, int]] | None = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for _ in range(int(RECORD_WAIT_S / 0.5)):
+            async with session.post(serving.url + "/_llmtap/sql", json={"sql": sql},
+                                    headers=_admin_headers(serving)) as resp:
+                if resp.status != 200:
+                    return None
+                rows = [tuple(r) for r in (await resp.json())["rows"]]  # type: ignore[misc]
+            if sum(r[2] for r in rows) >= expected:
+                break
+            await asyncio.sleep(0.5)
+    return rows
+
+
+def _api_base(api: Api, root: str) -> str:
+    """The base URL an SDK would use for a server at `root`: OpenAI's includes /v1."""
+    return root.rstrip("/") + ("/v1" if api == "openai" else "")
+
+
+def check_base_url(base_url: str) -> None:
+    url = URL(base_url)
+    if url.scheme not in ("http", "https") or not url.host or url.query_string:
+        raise ValueError(f"--base-url must be an http:// or https:// URL without a query, not {base_url!r}")
+
+
+def _origin(base_url: str) -> str:
+    check_base_url(base_url)
+    return str(URL(base_url).origin())
+
+
+def _through(proxy_url: str, route: str, base_url: str) -> str:
+    prefix = "/" + route.strip("/") if route.strip("/") else ""
+    return proxy_url + prefix + URL(base_url).raw_path.rstrip("/")
+
+
+@contextlib.asynccontextmanager
+async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = False, db: Path | None = None,
+                     proxy_route: str = "", simulator: SimConfig = BENCH_SIM) -> AsyncIterator[Setup]:
+    """Start what the run needs (see the module docstring) and stop it afterwards."""
+    if base_url is not None:
+        check_base_url(base_url)
+    serving = None if direct else await find_serving()
+    if serving is not None and (db is None or (serving.db and Path(serving.db) == db.expanduser())):
+        base = _through(serving.url, proxy_route, base_url or _api_base(api, serving.url))
+        route = f"route {proxy_route}" if proxy_route.strip("/") else "default route"
+        yield Setup(base, f"the running proxy at {serving.url} ({route})",
+                    Path(serving.db) if serving.db else None, serving=serving)
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        setup = Setup(base_url or "", "")
+        upstream = base_url
+        if base_url is None:
+            sim = await stack.enter_async_context(Simulator(simulator, record=False))
+            setup.simulated, setup.capacity = True, simulator.capacity
+            upstream = _api_base(api, sim.url)
+        assert upstream is not None
+        if direct:
+            setup.base_url, setup.via = upstream, "direct" + (" to the built-in simulator" if setup.simulated else "")
+        else:
+            config = ServeConfig(port=0, upstream=_origin(upstream), db=str(db) if db else None, quiet=True,
+                                 flush_interval_s=0.5)
+            proxy = await stack.enter_async_context(RunningProxy(config))
+            setup.proxy, setup.db = proxy, config.db_path
+            setup.base_url = _through(proxy.url, "", upstream)
+            target = "the built-in simulator" if setup.simulated else _origin(upstream)
+            setup.via = f"an in-process proxy ({proxy.url}) to {target}"
+        yield setup

@@ -1,0 +1,197 @@
+"""The analysis commands (`sql`, `report`, `errors`, `export`): a thin click layer.
+
+`proxy.cli` calls `register(group)`. Every command takes `--db` and reads
+through `source.open_source`, so it works whether or not `llmtap serve` is
+running.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from proxy import paths
+
+from . import error_report, report as report_mod
+from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
+from .filters import Filters
+from .formatting import FORMATS as SQL_FORMATS, render
+from .source import Source, SourceError, open_source
+from .timewindow import WindowError, parse_time, utc_now
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def db_option(f: F) -> F:
+    return click.option(
+        "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), envvar="LLMTAP_DB",
+        default=lambda: str(paths.default_db_path()), show_default=False,
+        help="DuckDB file (default: $LLMTAP_DB, else ~/.local/share/llmtap/llmtap.duckdb).",
+    )(f)
+
+
+def output_options(*formats: str) -> Callable[[F], F]:
+    """The `--format` option of a command that prints rows (the first format is the default)."""
+    def decorate(f: F) -> F:
+        return click.option(
+            "--format", "fmt", type=click.Choice(formats), default=formats[0], show_default=True,
+            help="Output format.",
+        )(f)
+    return decorate
+
+
+def filter_options(f: F) -> F:
+    """--since/--until and the tag, model and tool filters, given to the command as `filters`."""
+    @functools.wraps(f)
+    def command(*args: Any, since: str | None, until: str | None, tags: tuple[str, ...],
+                models: tuple[str, ...], tools: tuple[str, ...], **kwargs: Any) -> Any:
+        return f(*args, filters=make_filters(since, until, tags, models, tools), **kwargs)
+
+    options = [
+        click.option("--since", metavar="WHEN", help=(
+            "Only requests from WHEN: a span before now (30m, 24h, 7d) or an ISO date-time"
+            " (UTC unless given).")),
+        click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
+        click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
+        click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
+        click.option("--tool", "tools", multiple=True, help="Only this tool, e.g. claude-code (repeatable)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command  # type: ignore[return-value]
+
+
+def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], models: tuple[str, ...],
+                 tools: tuple[str, ...]) -> Filters:
+    now = utc_now()
+    try:
+        return Filters(
+            since=parse_time(since, now) if since else None,
+            until=parse_time(until, now) if until else None,
+            tags=tags, models=models, tools=tools,
+        )
+    except WindowError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since/--until") from None
+
+
+@contextmanager
+def opened(db_path: Path) -> Iterator[Source]:
+    """The source for `db_path`, with its errors turned into click errors."""
+    try:
+        source = open_source(db_path)
+    except SourceError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        yield source
+    except SourceError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        source.close()
+
+
+def _read_query(query: str | None, file: Path | None) -> str:
+    if file is not None:
+        if query is not None:
+            raise click.UsageError("give QUERY or --file, not both")
+        return file.read_text()
+    if query is None or query == "-":
+        stdin = click.get_text_stream("stdin")
+        if stdin.isatty():
+            raise click.UsageError("give a QUERY, --file F, or a query on stdin")
+        return stdin.read()
+    return query
+
+
+@click.command()
+@click.argument("query", required=False)
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Read the query from this file.")
+@db_option
+@output_options(*SQL_FORMATS)
+def sql(query: str | None, file: Path | None, db_path: Path, fmt: str) -> None:
+    """Run SQL on the recorded requests.
+
+    QUERY, or `-` or nothing to read it from stdin. Views: `requests` (the
+    table plus error, day, hour, decode_tokens_per_s, cache_read_share),
+    `errors`, `hourly`, `daily`; table: `chunks`. Timestamps are UTC.
+    """
+    text = _read_query(query, file)
+    if not text.strip():
+        raise click.UsageError("the query is empty")
+    with opened(db_path) as source:
+        columns, _, rows = source.query(text)
+    click.echo(render(columns, rows, fmt), nl=False)
+
+
+@click.command()
+@click.option("--by", type=click.Choice(list(report_mod.GROUPINGS)), default="model", show_default=True,
+              help="Group requests by this.")
+@click.option("--errors", "show_errors", is_flag=True,
+              help="Show the errors report instead (like `llmtap errors`).")
+@filter_options
+@db_option
+@output_options("table", "json", "csv")
+def report(by: str, show_errors: bool, filters: Filters, db_path: Path, fmt: str) -> None:
+    """Latency, errors and tokens by model, tool, route, ...
+
+    Then the 5 slowest requests. Percentiles (DuckDB quantile_cont: linear
+    interpolation, like numpy) are over successful requests, TTFT over
+    streams only. Days and hours are UTC. csv: the groups only.
+    """
+    with opened(db_path) as source:
+        if show_errors:
+            text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
+        else:
+            text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
+    click.echo(text, nl=False)
+
+
+@click.command()
+@filter_options
+@db_option
+@output_options("table", "json", "csv")
+def errors(filters: Filters, db_path: Path, fmt: str) -> None:
+    """Failures grouped, with likely causes and fixes.
+
+    Groups by outcome, HTTP status and error type; also lists successful
+    streams whose chunks had empty `choices`.
+    """
+    with opened(db_path) as source:
+        text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
+    click.echo(text, nl=False)
+
+
+@click.command()
+@click.option("--out", "out_dir", required=True, metavar="DIR",
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Write DIR/requests/day=.../ and DIR/chunks/day=.../ here.")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="parquet", show_default=True,
+              help="File format.")
+@click.option("--overwrite", is_flag=True, help="Replace what an earlier export wrote there.")
+@filter_options
+@db_option
+def export(out_dir: Path, fmt: str, overwrite: bool, filters: Filters, db_path: Path) -> None:
+    """Write requests and chunks as Parquet or CSV files.
+
+    One directory per UTC day: DIR/requests/day=2026-11-30/, DIR/chunks/...
+    """
+    with opened(db_path) as source:
+        try:
+            written = export_tables(source, out_dir, fmt, filters, overwrite)
+        except ExportError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(summary(written, fmt), nl=False)
+
+
+COMMANDS = (sql, report, errors, export)
+
+
+def register(group: click.Group) -> None:
+    """Add the analysis commands to the `llmtap` group."""
+    for command in COMMANDS:
+        group.add_command(command)

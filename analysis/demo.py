@@ -1,0 +1,153 @@
+"""`llmtap demo`: the simulated upstream, the real proxy and a short realistic mix of traffic.
+
+No key, no network: everything runs in this process on loopback ports. The
+traffic goes through the official SDKs, so the rows look like daily use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import anthropic
+import openai
+
+from proxy.config import ServeConfig
+from proxy.server import RunningProxy
+from proxy.simulator.app import Simulator
+from proxy.simulator.config import SimConfig
+
+PROMPT = "Explain in one paragraph why streaming matters for perceived latency. " * 4
+
+
+@dataclass(frozen=True)
+class Call:
+    label: str
+    run: Callable[[str], Awaitable[None]]
+
+
+def _openai(base: str, headers: dict[str, str] | None = None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-demo-not-a-real-key", max_retries=0,
+                              default_headers=headers or {})
+
+
+def _anthropic(base: str, headers: dict[str, str] | None = None) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-demo-not-a-real-key", max_retries=0,
+                                    default_headers=headers or {})
+
+
+async def chat_stream(base: str, model: str = "gpt-5-mini", headers: dict[str, str] | None = None) -> None:
+    async with _openai(base, headers) as client:
+        stream = await client.chat.completions.create(
+            model=model, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": PROMPT * random.randint(1, 12)}])
+        async for _ in stream:
+            pass
+
+
+async def chat_once(base: str) -> None:
+    async with _openai(base) as client:
+        await client.chat.completions.create(model="gpt-5-mini", messages=[{"role": "user", "content": PROMPT}])
+
+
+async def responses_stream(base: str) -> None:
+    async with _openai(base, {"x-sim-reasoning-tokens": "12"}) as client:
+        stream = await client.responses.create(model="gpt-5", input=PROMPT * random.randint(1, 20), stream=True)
+        async for _ in stream:
+            pass
+
+
+async def messages_stream(base: str, headers: dict[str, str] | None = None) -> None:
+    async with _anthropic(base, {"x-sim-reasoning-tokens": "16", "x-sim-cache-read-tokens": "3000", **(headers or {})}) as client:
+        async with client.messages.stream(model="claude-sonnet-4-5", max_tokens=400,
+                                          messages=[{"role": "user", "content": PROMPT * random.randint(1, 25)}]) as stream:
+            async for _ in stream.text_stream:
+                pass
+
+
+async def messages_once(base: str) -> None:
+    async with _anthropic(base) as client:
+        await client.messages.create(model="claude-haiku-4-5", max_tokens=200, messages=[{"role": "user", "content": PROMPT}])
+
+
+async def failing(base: str, status: str) -> None:
+    try:
+        if status == "529":
+            await messages_once_with(base, {"x-sim-status": status})
+        else:
+            await chat_stream(base, headers={"x-sim-status": status})
+    except (openai.APIError, anthropic.APIError):
+        pass  # the error is the point: it lands in the database
+
+
+async def messages_once_with(base: str, headers: dict[str, str]) -> None:
+    async with _anthropic(base, headers) as client:
+        await client.messages.create(model="claude-sonnet-4-5", max_tokens=50, messages=[{"role": "user", "content": "hi"}])
+
+
+async def cut_stream(base: str) -> None:
+    try:
+        await messages_stream(base, {"x-sim-disconnect-after": "5"})
+    except Exception:  # the SDK reports the cut connection in its own way; the row records it
+        pass
+
+
+def mix() -> list[Call]:
+    calls = [Call("chat stream", chat_stream)] * 10 + [Call("chat", chat_once)] * 3
+    calls += [Call("responses stream", responses_stream)] * 6
+    calls += [Call("messages stream", messages_stream)] * 10 + [Call("messages", messages_once)] * 3
+    calls += [Call("429", lambda b: failing(b, "429")), Call("401", lambda b: failing(b, "401")),
+              Call("529", lambda b: failing(b, "529")), Call("cut stream", cut_stream)]
+    random.Random(7).shuffle(calls)
+    return calls
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.tty:
+            bar = "#" * (30 * self.done // self.total)
+            print(f"\r  [{bar:<30}] {self.done}/{self.total} requests", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        end = "\n" if self.tty else ""
+        print(f"{end}  sent {self.done} requests", file=sys.stderr)
+
+
+async def drive(base: str, calls: list[Call], concurrency: int = 4) -> None:
+    progress = Progress(len(calls))
+    queue: asyncio.Queue[Call] = asyncio.Queue()
+    for call in calls:
+        queue.put_nowait(call)
+
+    async def worker() -> None:
+        while not queue.empty():
+            call = queue.get_nowait()
+            try:
+                await asyncio.wait_for(call.run(base), timeout=20)
+            except (asyncio.TimeoutError, openai.APIError, anthropic.APIError):
+                pass
+            progress.step()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    progress.close()
+
+
+async def run_demo(db: Path, seed: int = 7) -> int:
+    """Serve, drive the mix, stop (flushing every row). Returns the number of requests sent."""
+    random.seed(seed)
+    sim_config = SimConfig(ttft_ms=120, itl_ms=12, tokens=60, prefill_us_per_token=40)
+    async with Simulator(sim_config, record=False) as sim:
+        config = ServeConfig(port=0, upstream=sim.url, db=str(db), quiet=True, tag="demo")
+        async with RunningProxy(config) as proxy:
+            print(f"llmtap demo: simulated upstream {sim.url}, proxy {proxy.url}, recording to {db}", file=sys.stderr)
+            calls = mix()
+            await drive(proxy.url, calls)
+    return len(calls)

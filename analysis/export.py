@@ -1,0 +1,168 @@
+"""`llmtap export`: the requests and chunks tables as Parquet or CSV, one directory per UTC day.
+
+DuckDB writes the files (`COPY ... TO DIR (FORMAT parquet, PARTITION_BY
+(day))`). From the database file, COPY runs on it directly. While `llmtap
+serve` holds the file, its endpoint runs only SELECTs and caps the rows of
+an answer, so the rows are fetched in pages (ordered by key), spooled to a
+local NDJSON file with the column types the endpoint reports, and an
+in-memory DuckDB writes them. Chunks get their day from their request. The
+files hold the table's own columns (not the view's derived ones); `day` is in the
+directory name (`DIR/requests/day=2026-11-30/data_0.parquet`), and readers
+such as DuckDB's `read_parquet(..., hive_partitioning = true)` restore it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+
+from .filters import Filters, sql_string
+from .formatting import plain
+from .source import FileSource, Source, SourceError
+from .views import DERIVED_COLUMNS
+
+FORMATS = ("parquet", "csv")
+TABLES = ("requests", "chunks")
+KEYS = {"requests": ("id",), "chunks": ("request_id", "seq")}
+PAGE_ROWS = 50_000  # under the proxy endpoint's cap on rows per answer
+
+
+class ExportError(Exception):
+    """An export that would overwrite files, or failed; the message is for the user."""
+
+
+@dataclass
+class Written:
+    table: str
+    directory: Path  # as the user named it
+    days: list[tuple[str, int]]  # (day, rows), in day order
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _, n in self.days)
+
+
+def select_sql(table: str, filters: Filters) -> str:
+    """The rows of one table, with their `day`, as the export writes them."""
+    if table == "requests":
+        derived = ", ".join(c for c in DERIVED_COLUMNS if c != "day")
+        return f"SELECT * EXCLUDE ({derived}) FROM requests WHERE {filters.where()}"
+    return (
+        "SELECT c.*, r.day FROM chunks c JOIN requests r ON c.request_id = r.id"
+        f" WHERE {filters.where('r.')}"
+    )
+
+
+def copy_sql(select: str, target: Path, fmt: str, overwrite: bool) -> str:
+    options = [f"FORMAT {fmt}", "PARTITION_BY (day)"]
+    if fmt == "csv":
+        options.append("HEADER true")
+    if overwrite:
+        options.append("OVERWRITE true")
+    return f"COPY ({select}) TO {sql_string(str(target))} ({', '.join(options)})"
+
+
+def _literal(value: Any) -> str:
+    return sql_string(value) if isinstance(value, str) else str(int(value))
+
+
+def after_sql(keys: tuple[str, ...], values: list[Any]) -> str:
+    """Rows after `values` in `keys` order: a > x OR (a = x AND b > y) ..."""
+    first, rest = keys[0], keys[1:]
+    term = f"{first} > {_literal(values[0])}"
+    if not rest:
+        return term
+    return f"({term} OR ({first} = {_literal(values[0])} AND {after_sql(rest, values[1:])}))"
+
+
+def spool_pages(source: Source, table: str, filters: Filters, spool: Path,
+                page_rows: int = PAGE_ROWS) -> tuple[list[str], list[str]]:
+    """Fetch a table's rows page by page into an NDJSON file; its columns and types."""
+    keys, after = KEYS[table], None
+    with spool.open("wb") as out:
+        while True:
+            condition = "TRUE" if after is None else after_sql(keys, after)
+            columns, types, rows = source.query(
+                f"SELECT * FROM ({select_sql(table, filters)}) WHERE {condition}"
+                f" ORDER BY {', '.join(keys)} LIMIT {int(page_rows)}"
+            )
+            for row in rows:
+                out.write(orjson.dumps(dict(zip(columns, plain(list(row))))) + b"\n")
+            if len(rows) < page_rows:
+                return columns, types
+            last = [rows[-1][columns.index(k)] for k in keys]
+            if last == after:
+                raise ExportError(f"paging {table} did not advance past {last}")
+            after = last
+
+
+def copy_through(source: Source, table: str, filters: Filters, target: Path, fmt: str,
+                 overwrite: bool, page_rows: int = PAGE_ROWS) -> None:
+    """COPY from a source that only answers SELECTs: fetch, spool, write here."""
+    with tempfile.TemporaryDirectory(prefix="llmtap-export-") as tmp:
+        spool = Path(tmp) / f"{table}.ndjson"
+        columns, types = spool_pages(source, table, filters, spool, page_rows)
+        spec = ", ".join(f"{sql_string(c)}: {sql_string(t)}" for c, t in zip(columns, types))
+        select = (f"SELECT * FROM read_json({sql_string(str(spool))}, format = 'newline_delimited',"
+                  f" columns = {{{spec}}})")
+        with duckdb.connect() as con:
+            con.execute(copy_sql(select, target, fmt, overwrite))
+
+
+def _not_empty(directory: Path) -> bool:
+    return directory.exists() and (not directory.is_dir() or any(directory.iterdir()))
+
+
+def count_written(directory: Path, fmt: str) -> list[tuple[str, int]]:
+    """Rows per day partition, read back from the files."""
+    if not any(directory.glob(f"*/*.{fmt}")):
+        return []
+    pattern = sql_string(str(directory / "*" / f"*.{fmt}"))
+    reader = "read_parquet" if fmt == "parquet" else "read_csv"
+    with duckdb.connect() as con:
+        rows = con.execute(
+            f"SELECT CAST(day AS VARCHAR), count(*) FROM {reader}({pattern}, hive_partitioning = true)"
+            " GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    return [(day, int(n)) for day, n in rows]
+
+
+def export(
+    source: Source, out_dir: Path, fmt: str, filters: Filters, overwrite: bool = False,
+    page_rows: int = PAGE_ROWS,
+) -> list[Written]:
+    """Write both tables under `out_dir`; refuse to touch non-empty directories unless `overwrite`."""
+    if fmt not in FORMATS:
+        raise ExportError(f"cannot export as {fmt!r}: choose one of {', '.join(FORMATS)}")
+    targets = {table: out_dir / table for table in TABLES}
+    if not overwrite:
+        taken = [str(d) for d in targets.values() if _not_empty(d)]
+        if taken:
+            raise ExportError(f"{' and '.join(taken)} already exist: pass --overwrite to replace them")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table, directory in targets.items():
+        try:
+            if isinstance(source, FileSource):
+                select = select_sql(table, filters)
+                source.query(copy_sql(select, directory.resolve(), fmt, overwrite))
+            else:
+                copy_through(source, table, filters, directory.resolve(), fmt, overwrite, page_rows)
+        except (SourceError, duckdb.Error) as exc:
+            raise ExportError(f"cannot export {table}: {exc}") from None
+        written.append(Written(table, directory, count_written(directory, fmt)))
+    return written
+
+
+def summary(written: list[Written], fmt: str) -> str:
+    lines = []
+    for w in written:
+        days = "day" if len(w.days) == 1 else "days"
+        lines.append(f"{w.table}: {w.rows} rows in {len(w.days)} {days} -> {w.directory} ({fmt})")
+        lines += [f"  day={day}  {n:>6} rows" for day, n in w.days]
+    return "\n".join(lines) + "\n"

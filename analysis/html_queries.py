@@ -1,0 +1,177 @@
+"""The SQL behind the HTML report, and the plain data it returns.
+
+Every query reads the `requests` table through one predicate (`where`, trusted
+SQL from the CLI) and returns bounded data whatever the database's size:
+quantile lists for CDFs, time buckets for series, a hashed sample of at most
+`SCATTER_POINTS` per model for the scatter. Latencies and tokens/s are taken
+over requests whose outcome is `ok`, so fast failures do not pull them down,
+and TTFT only over streams (as in `analysis.views`).
+Charts show the `CHART_MODELS` busiest models; the tables show all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
+
+CHART_MODELS = 12
+SCATTER_POINTS = 5000
+TIME_BUCKETS = 200
+HISTOGRAM_BINS = 40
+MIN_FIT_POINTS = 10
+CDF_QUANTILES = [i / 200 for i in range(199)] + [0.995, 0.999]
+BUCKET_SECONDS = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
+NO_MODEL = "(none)"
+OK = "outcome = 'ok'"
+OK_STREAM = "outcome = 'ok' AND stream"  # TTFT means something only for streams
+
+
+def rows_as_dicts(query: Query, sql: str) -> list[dict[str, Any]]:
+    columns, _types, rows = query(sql)
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+def base_cte(where: str) -> str:
+    """`r`: the selected requests with a non-null `model`; `top`: the charted models by rank."""
+    return f"""
+    WITH r AS (
+        SELECT coalesce(request_model, '{NO_MODEL}') AS model, *
+        FROM requests WHERE ({where})
+    ),
+    top AS (
+        SELECT model, row_number() OVER (ORDER BY count(*) DESC, model) AS rank
+        FROM r GROUP BY model
+        QUALIFY rank <= {CHART_MODELS}
+    )"""
+
+
+def fit(aggregate: str) -> str:
+    """A term of the least-squares line TTFT = a + b * input tokens, when enough requests back it."""
+    over = f"(ttft_ms, input_tokens) FILTER (WHERE {OK_STREAM})"
+    return f"CASE WHEN regr_count{over} >= {MIN_FIT_POINTS} THEN {aggregate}{over} END"
+
+
+def summary_sql(where: str) -> str:
+    """One row per model and a last row (model NULL) for all of them together."""
+    return f"""{base_cte(where)}
+    SELECT
+        CASE WHEN grouping(model) = 1 THEN NULL ELSE model END AS model,
+        count(*) AS requests,
+        100.0 * count(*) FILTER (WHERE outcome IS DISTINCT FROM 'ok') / count(*) AS error_pct,
+        quantile_cont(ttft_ms, [0.5, 0.9, 0.99]) FILTER (WHERE {OK_STREAM}) AS ttft_ms,
+        quantile_cont(tpot_ms, [0.5, 0.99]) FILTER (WHERE {OK}) AS tpot_ms,
+        quantile_cont(e2e_ms, [0.5, 0.99]) FILTER (WHERE {OK}) AS e2e_ms,
+        median(output_tokens_per_s) FILTER (WHERE {OK}) AS tokens_per_s,
+        sum(input_tokens)::BIGINT AS input_tokens,
+        sum(output_tokens)::BIGINT AS output_tokens,
+        {fit("1000 * regr_slope")} AS ttft_ms_per_1k_input,
+        {fit("regr_intercept")} AS ttft_intercept_ms
+    FROM r
+    GROUP BY GROUPING SETS ((model), ())
+    ORDER BY grouping(model), requests DESC, model"""
+
+
+def totals_sql(where: str) -> str:
+    return f"""{base_cte(where)}
+    SELECT count(*) AS requests,
+        count(*) FILTER (WHERE outcome IS DISTINCT FROM 'ok') AS errors,
+        count(DISTINCT model) AS models,
+        epoch(min(started_at)) AS first_s, epoch(max(started_at)) AS last_s,
+        sum(input_tokens)::BIGINT AS input_tokens, sum(output_tokens)::BIGINT AS output_tokens
+    FROM r"""
+
+
+def scatter_sql(where: str) -> str:
+    return f"""{base_cte(where)}
+    SELECT model, input_tokens AS x, round(ttft_ms, 1) AS y
+    FROM r JOIN top USING (model)
+    WHERE {OK_STREAM} AND input_tokens IS NOT NULL AND ttft_ms IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY model ORDER BY hash(id)) <= {SCATTER_POINTS}
+    ORDER BY rank, x"""
+
+
+def cdf_sql(where: str) -> str:
+    """Empirical CDF points: `quantile_disc` picks recorded values (and is 3x faster than
+    `quantile_cont` with 200 quantiles)."""
+    qs = ", ".join(repr(q) for q in CDF_QUANTILES)
+    return f"""{base_cte(where)}
+    SELECT model,
+        quantile_disc(ttft_ms, [{qs}]) FILTER (WHERE stream) AS ttft_ms,
+        quantile_disc(tpot_ms, [{qs}]) AS tpot_ms,
+        quantile_disc(e2e_ms, [{qs}]) AS e2e_ms
+    FROM r JOIN top USING (model)
+    WHERE {OK}
+    GROUP BY model, rank ORDER BY rank"""
+
+
+def series_sql(where: str, bucket_s: int) -> str:
+    return f"""{base_cte(where)}
+    SELECT model, {bucket_s} * floor(epoch(started_at) / {bucket_s}) AS t,
+        round(median(ttft_ms) FILTER (WHERE stream), 1) AS ttft_ms, round(median(tpot_ms), 3) AS tpot_ms
+    FROM r JOIN top USING (model)
+    WHERE {OK}
+    GROUP BY model, rank, t ORDER BY rank, t"""
+
+
+def histogram_sql(where: str) -> str:
+    """Shared bins from 0 to the p99 of all charted models; faster requests land in the last bin."""
+    return f"""{base_cte(where)},
+    ok AS (SELECT model, rank, output_tokens_per_s AS v FROM r JOIN top USING (model)
+           WHERE {OK} AND output_tokens_per_s IS NOT NULL),
+    hi AS (SELECT quantile_cont(v, 0.99) AS hi FROM ok)
+    SELECT model, (SELECT hi FROM hi) AS hi,
+        least(floor(v / ((SELECT hi FROM hi) / {HISTOGRAM_BINS})), {HISTOGRAM_BINS - 1})::INTEGER AS bin,
+        count(*) AS n
+    FROM ok WHERE (SELECT hi FROM hi) > 0
+    GROUP BY model, rank, bin ORDER BY rank, bin"""
+
+
+def errors_by_model_sql(where: str) -> str:
+    return f"""{base_cte(where)}
+    SELECT coalesce(outcome, '(none)') AS outcome, status,
+        CASE WHEN top.rank IS NULL THEN '(other models)' ELSE r.model END AS model,
+        coalesce(top.rank, {CHART_MODELS + 1}) AS rank, count(*) AS n
+    FROM r LEFT JOIN top USING (model)
+    WHERE outcome IS DISTINCT FROM 'ok'
+    GROUP BY ALL ORDER BY n DESC"""
+
+
+def error_table_sql(where: str) -> str:
+    return f"""{base_cte(where)}
+    SELECT coalesce(outcome, '(none)') AS outcome, status, error_type,
+        count(*) AS n, count(DISTINCT model) AS models,
+        left(any_value(error_message), 160) AS example
+    FROM r WHERE outcome IS DISTINCT FROM 'ok'
+    GROUP BY ALL ORDER BY n DESC, outcome LIMIT 20"""
+
+
+def bucket_seconds(span_s: float, requests: int) -> int:
+    """The smallest round bucket giving at most `TIME_BUCKETS` buckets, and fewer for
+    sparse data (about 20 requests per bucket), so medians are not single requests."""
+    buckets = max(10, min(TIME_BUCKETS, requests // 20))
+    for seconds in BUCKET_SECONDS:
+        if span_s / seconds <= buckets:
+            return seconds
+    return int(span_s // buckets) + 1
+
+
+def fetch_report_data(query: Query, where: str = "TRUE") -> dict[str, Any]:
+    """Everything the page needs, as plain Python values (no chart data when nothing matches)."""
+    totals = rows_as_dicts(query, totals_sql(where))[0]
+    data: dict[str, Any] = {"totals": totals}
+    if not totals["requests"]:
+        return data
+    bucket_s = bucket_seconds((totals["last_s"] or 0) - (totals["first_s"] or 0), totals["requests"])
+    data |= {
+        "summary": rows_as_dicts(query, summary_sql(where)),
+        "scatter": rows_as_dicts(query, scatter_sql(where)),
+        "cdf": rows_as_dicts(query, cdf_sql(where)),
+        "series": rows_as_dicts(query, series_sql(where, bucket_s)),
+        "bucket_s": bucket_s,
+        "histogram": rows_as_dicts(query, histogram_sql(where)),
+        "errors_by_model": rows_as_dicts(query, errors_by_model_sql(where)),
+        "error_table": rows_as_dicts(query, error_table_sql(where)),
+    }
+    return data

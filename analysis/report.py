@@ -1,0 +1,220 @@
+"""`llmtap report`: latency, errors and tokens per model (tool, route, ...), and the slowest requests.
+
+The numbers come from one GROUP BY over the `requests` view with the rollup
+terms of `views.py`: percentiles are DuckDB `quantile_cont` (linear
+interpolation, like numpy's default) over successful requests where the
+metric is known; TTFT only over streams. The table fits 80 columns: the
+metrics are split into two blocks that repeat the group column, durations
+are `820ms` or `6.4s`, token counts `12.3k`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from .filters import Filters
+from .formatting import (
+    MIN_SHRUNK_WIDTH,
+    column_widths,
+    dumps,
+    fmt_count,
+    fmt_ms,
+    fmt_number,
+    fmt_pct,
+    layout,
+    truncate,
+)
+from .source import Source
+from .views import ROLLUP_METRICS, ROLLUP_SQL
+
+WIDTH = 80
+SLOWEST = 5
+
+# --by NAME -> the SQL expression of the group label
+GROUPINGS: dict[str, str] = {
+    "model": "request_model",
+    "tool": "tool",
+    "route": "route",
+    "tag": "tag",
+    "hour": "strftime(hour, '%Y-%m-%d %H:00')",
+    "day": "strftime(day, '%Y-%m-%d')",
+    "session": "session_id",
+}
+CHRONOLOGICAL = ("hour", "day")
+NULL_LABEL = "(none)"
+
+# The two table blocks: (metric, group label, header, formatter)
+Block = tuple[tuple[str, str, str, Any], ...]
+BLOCKS: tuple[Block, ...] = (
+    (
+        ("requests", "", "reqs", str),
+        ("error_pct", "", "err%", fmt_pct),
+        ("ttft_p50_ms", "TTFT", "p50", fmt_ms),
+        ("ttft_p90_ms", "TTFT", "p90", fmt_ms),
+        ("ttft_p99_ms", "TTFT", "p99", fmt_ms),
+        ("e2e_p50_ms", "E2E", "p50", fmt_ms),
+        ("e2e_p99_ms", "E2E", "p99", fmt_ms),
+    ),
+    (
+        ("tpot_p50_ms", "TPOT", "p50", fmt_ms),
+        ("tpot_p99_ms", "TPOT", "p99", fmt_ms),
+        ("output_tokens_per_s_p50", "output", "tok/s", fmt_number),
+        ("input_tokens", "tokens", "in", fmt_count),
+        ("output_tokens", "tokens", "out", fmt_count),
+        ("cache_read_share", "cache", "read%", lambda x: fmt_pct(x, scale=100)),
+    ),
+)
+
+# Rounding for json and csv: ms to 0.1, percentages to 0.01, shares to 1e-4.
+ROUNDING = {"error_pct": 2, "output_tokens_per_s_p50": 1, "cache_read_share": 4}
+FOOTNOTE = "Percentiles: successful requests only (TTFT: streams). Slowest: any outcome."
+
+
+@dataclass
+class Report:
+    by: str
+    requests: int
+    first: str | None  # UTC 'YYYY-MM-DD HH:MM' of the first and last request
+    last: str | None
+    groups: list[dict[str, Any]]
+    slowest: list[dict[str, Any]]
+
+
+def group_stats(source: Source, by: str, filters: Filters) -> list[dict[str, Any]]:
+    """One dict per group: the group label under `by`, then ROLLUP_METRICS (raw values)."""
+    order = "1" if by in CHRONOLOGICAL else "requests DESC, 1 NULLS LAST"
+    columns, _, rows = source.query(
+        f"SELECT {GROUPINGS[by]} AS {by},\n  {ROLLUP_SQL}\n"
+        f"FROM requests WHERE {filters.where()} GROUP BY 1 ORDER BY {order}"
+    )
+    return [dict(zip(columns, row)) for row in rows]
+
+
+def slowest(source: Source, filters: Filters, limit: int = SLOWEST) -> list[dict[str, Any]]:
+    columns, _, rows = source.query(
+        "SELECT id, request_model AS model, tool, ttft_ms, e2e_ms, outcome FROM requests"
+        f" WHERE {filters.where()} AND e2e_ms IS NOT NULL ORDER BY e2e_ms DESC, id LIMIT {int(limit)}"
+    )
+    return [dict(zip(columns, row)) for row in rows]
+
+
+def span(source: Source, filters: Filters) -> tuple[int, str | None, str | None]:
+    """How many requests, and the first and last started_at (UTC, to the minute)."""
+    _, _, rows = source.query(
+        "SELECT count(*), strftime(min(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M'),"
+        " strftime(max(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M')"
+        f" FROM requests WHERE {filters.where()}"
+    )
+    count, first, last = rows[0]
+    return int(count), first, last
+
+
+def build_report(source: Source, by: str, filters: Filters) -> Report:
+    if by not in GROUPINGS:
+        raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUPINGS)}")
+    count, first, last = span(source, filters)
+    return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters))
+
+
+# -- rendering -------------------------------------------------------------------
+
+def _label(value: Any) -> str:
+    return NULL_LABEL if value is None else str(value)
+
+
+def _block_cells(report: Report, block: Block) -> list[list[str]]:
+    return [[fmt(g[metric]) for metric, _, _, fmt in block] for g in report.groups]
+
+
+def _label_width(report: Report, blocks: list[tuple[Block, list[list[str]]]]) -> int:
+    """The group column's width: its natural width, less what the widest block needs to fit."""
+    natural = max(len(report.by), *(len(_label(g[report.by])) for g in report.groups))
+    room = min(
+        WIDTH - sum(column_widths([h for _, _, h, _ in block], cells)) - 2 * len(block)
+        for block, cells in blocks
+    )
+    return max(min(natural, room), MIN_SHRUNK_WIDTH)
+
+
+def _block_tables(report: Report) -> list[str]:
+    """The metrics in two tables that repeat the (same width) group column."""
+    blocks = [(block, _block_cells(report, block)) for block in BLOCKS]
+    width = _label_width(report, blocks)
+    labels = [truncate(_label(g[report.by]), width) for g in report.groups]
+    return [
+        layout(
+            [report.by] + [header for _, _, header, _ in block],
+            [[label] + row for label, row in zip(labels, cells)],
+            [False] + [True] * len(block),
+            groups=[""] + [group for _, group, _, _ in block],
+        )
+        for block, cells in blocks
+    ]
+
+
+def _slowest_table(report: Report) -> str:
+    headers = ["id", "model", "tool", "ttft", "e2e", "outcome"]
+    rows = [
+        [r["id"][:8], _label(r["model"]), _label(r["tool"]), fmt_ms(r["ttft_ms"]), fmt_ms(r["e2e_ms"]),
+         _label(r["outcome"])]
+        for r in report.slowest
+    ]
+    right = [False, False, False, True, True, False]
+    return layout(headers, rows, right, limit=WIDTH, shrinkable=[1, 2])
+
+
+def heading(report: Report) -> str:
+    if not report.requests:
+        return "no requests match"
+    plural = "request" if report.requests == 1 else "requests"
+    return f"{report.requests} {plural} from {report.first} to {report.last} UTC, by {report.by}"
+
+
+def to_table(report: Report) -> str:
+    """The report as text for an 80-column terminal."""
+    if not report.requests:
+        return heading(report) + "\n"
+    parts = [heading(report) + "\n"]
+    parts += _block_tables(report)
+    n = len(report.slowest)
+    parts.append(f"{n} slowest request{'' if n == 1 else 's'}\n" + _slowest_table(report))
+    return "\n".join(parts) + "\n" + FOOTNOTE + "\n"
+
+
+def _rounded(metric: str, value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, ROUNDING.get(metric, 1))
+    return value
+
+
+def _rounded_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: _rounded(k, v) for k, v in row.items()}
+
+
+def to_json(report: Report) -> str:
+    return dumps({
+        "by": report.by,
+        "requests": report.requests,
+        "first": report.first,
+        "last": report.last,
+        "groups": [_rounded_row(g) for g in report.groups],
+        "slowest": [_rounded_row(r) for r in report.slowest],
+    })
+
+
+def to_csv(report: Report) -> str:
+    """The group rows only (the slowest requests are in the json and table output)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    columns = [report.by, *ROLLUP_METRICS]
+    writer.writerow(columns)
+    for g in report.groups:
+        row = _rounded_row(g)
+        writer.writerow(["" if row[c] is None else row[c] for c in columns])
+    return out.getvalue()
+
+
+RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

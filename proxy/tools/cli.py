@@ -1,0 +1,57 @@
+"""`llmtap setup`, `llmtap run`, `llmtap doctor`: a thin click layer; `register(group)` adds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .endpoint import base_urls, find_running, strip_v1, DEFAULT_URL
+
+
+@click.command()
+@click.argument("tool", type=click.Choice(["claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk"]))
+@click.option("--base-url", metavar="URL",
+              help="The proxy's address (default: the running proxy, else http://127.0.0.1:8787).")
+@click.option("--write", is_flag=True, help="Merge it into the tool's config file (after a timestamped backup).")
+@click.option("--codex-home", type=click.Path(file_okay=False, path_type=Path),
+              help="Codex's directory (default: $CODEX_HOME, else ~/.codex).")
+@click.option("--env-key", default="OPENAI_API_KEY", show_default=True,
+              help="Codex: the variable holding the API key.")
+@click.option("--data-dir", "cline_data_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Cline's --data-dir (default: $CLINE_DATA_DIR, else ~/.cline/data).")
+def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
+          cline_data_dir: Path | None) -> None:
+    """Print (or --write) the configuration that points TOOL at llmtap."""
+    from . import config_files
+    from .setup import Locations, SetupError, plan, write as write_config
+
+    if base_url:
+        urls = base_urls(strip_v1(base_url))
+    else:
+        live = find_running()
+        urls = base_urls(live.url, live.prefixes) if live else base_urls(DEFAULT_URL)
+    where = Locations.from_env(codex_home=codex_home, cline_data_dir=cline_data_dir)
+    try:
+        the_plan = plan(tool, urls, where, env_key)
+        if the_plan.file is not None:
+            click.echo(f"# {the_plan.file}")
+        click.echo(the_plan.text, nl=False)
+        for note in the_plan.notes:
+            click.echo(f"# {note}")
+        if not write:
+            if the_plan.file is not None:
+                click.echo(f"# write it there with: llmtap setup {tool} --write")
+            return
+        result = write_config(tool, urls, where, env_key)
+    except (SetupError, config_files.ConfigFileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if not result.changed:
+        click.echo(f"{result.path} already has this configuration: nothing written")
+        return
+    click.echo(f"wrote {result.path}" + (f" (backup: {result.backup})" if result.backup else " (new file)"))
+
+
+def register(group: click.Group) -> None:
+    """Add setup, run and doctor to the `llmtap` group."""
+    group.add_command(setup)

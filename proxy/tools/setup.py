@@ -1,0 +1,188 @@
+"""The configuration each tool needs to go through llmtap: printed, or merged into its own file.
+
+| tool          | where                                     | base URL ends in /v1 |
+|---------------|-------------------------------------------|----------------------|
+| claude-code   | ~/.claude/settings.json `env`             | no                   |
+| codex         | ~/.codex/config.toml model provider       | yes                  |
+| cline         | <data-dir>/settings/providers.json        | yes (both providers) |
+| openai-sdk    | OPENAI_BASE_URL                           | yes                  |
+| anthropic-sdk | ANTHROPIC_BASE_URL                        | no                   |
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import config_files, toml_edit
+from .endpoint import BaseUrls
+
+TOOLS = ("claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk")
+CODEX_PROVIDER = "llmtap"
+CLINE_PROVIDERS = ("anthropic", "openai-compatible", "openai-native")
+CLINE_AUTH_HINTS = {
+    "anthropic": "cline auth -p anthropic -k \"$ANTHROPIC_API_KEY\" -m claude-sonnet-4-5",
+    "openai-compatible": "cline auth -p openai-compatible -k \"$OPENAI_API_KEY\" -m gpt-4.1",
+    "openai-native": "cline auth -p openai-native -k \"$OPENAI_API_KEY\" -m gpt-5",
+}
+
+
+class SetupError(ValueError):
+    """Setup cannot proceed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where each tool keeps its config; the defaults follow each tool's own rules."""
+
+    claude_settings: Path
+    codex_config: Path
+    cline_providers: Path
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, codex_home: Path | None = None,
+                 cline_data_dir: Path | None = None) -> "Locations":
+        env = dict(os.environ) if env is None else env
+        home = Path(env.get("HOME") or Path.home())
+        claude_dir = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home / ".claude"
+        codex_dir = codex_home or (Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex")
+        return cls(claude_settings=claude_dir / "settings.json", codex_config=codex_dir / "config.toml",
+                   cline_providers=_cline_providers(env, home, cline_data_dir))
+
+
+def _cline_providers(env: dict[str, str], home: Path, data_dir: Path | None) -> Path:
+    """Cline 3.x: --data-dir, else $CLINE_PROVIDER_SETTINGS_PATH, $CLINE_DATA_DIR, $CLINE_DIR/data, ~/.cline/data."""
+    if data_dir is not None:
+        return data_dir / "settings" / "providers.json"
+    if env.get("CLINE_PROVIDER_SETTINGS_PATH", "").strip():
+        return Path(env["CLINE_PROVIDER_SETTINGS_PATH"].strip())
+    if env.get("CLINE_DATA_DIR", "").strip():
+        return Path(env["CLINE_DATA_DIR"].strip()) / "settings" / "providers.json"
+    cline_dir = Path(env["CLINE_DIR"].strip()) if env.get("CLINE_DIR", "").strip() else home / ".cline"
+    return cline_dir / "data" / "settings" / "providers.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one tool needs: the text to print, and the file `--write` merges it into."""
+
+    tool: str
+    text: str
+    file: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY") -> Plan:
+    if tool == "claude-code":
+        text = config_files.json_text(claude_settings({}, urls))
+        return Plan(tool, text, where.claude_settings, [
+            "merged into the \"env\" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)",
+            "it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable",
+        ])
+    if tool == "codex":
+        return Plan(tool, codex_snippet(urls, codex_env_key), where.codex_config, [
+            f"base_url ends in /v1 (Codex appends /responses); the key comes from ${codex_env_key}",
+            "only model_provider and this table are written; the rest of the file is kept byte for byte",
+        ])
+    if tool == "cline":
+        text = config_files.json_text({"providers": {p: {"settings": cline_settings(p, urls)} for p in CLINE_PROVIDERS}})
+        return Plan(tool, text, where.cline_providers, [
+            "merged into \"providers\"; both base URLs end in /v1 (Cline appends /messages, /chat/completions, /responses)",
+            "set each provider's key and model with `cline auth` (it keeps the base URL), e.g.:",
+            *(f"  {CLINE_AUTH_HINTS[p]}" for p in CLINE_PROVIDERS),
+        ])
+    if tool == "openai-sdk":
+        return Plan(tool, f"export OPENAI_BASE_URL={urls.openai}\n", None, [
+            "with /v1: the SDK appends chat/completions and responses to it",
+            "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value",
+        ])
+    if tool == "anthropic-sdk":
+        return Plan(tool, f"export ANTHROPIC_BASE_URL={urls.anthropic}\n", None, [
+            "no /v1: the SDK appends /v1/messages",
+        ])
+    raise SetupError(f"unknown tool {tool!r}; one of: {', '.join(TOOLS)}")
+
+
+def claude_settings(data: dict[str, Any], urls: BaseUrls) -> dict[str, Any]:
+    merged = copy.deepcopy(data)
+    env = merged.get("env")
+    if env is None:
+        env = merged["env"] = {}
+    if not isinstance(env, dict):
+        raise SetupError('"env" in Claude Code\'s settings.json is not an object; fix it, then run again')
+    env["ANTHROPIC_BASE_URL"] = urls.anthropic
+    return merged
+
+
+def codex_provider(urls: BaseUrls, env_key: str) -> dict[str, str]:
+    return {"name": "llmtap", "base_url": urls.openai, "env_key": env_key, "wire_api": "responses"}
+
+
+def codex_snippet(urls: BaseUrls, env_key: str) -> str:
+    lines = [f"model_provider = {toml_edit.toml_string(CODEX_PROVIDER)}", "",
+             f"[model_providers.{CODEX_PROVIDER}]"]
+    lines += [f"{k} = {toml_edit.toml_string(v)}" for k, v in codex_provider(urls, env_key).items()]
+    return "\n".join(lines) + "\n"
+
+
+def cline_settings(provider: str, urls: BaseUrls) -> dict[str, str]:
+    return {"provider": provider, "baseUrl": urls.openai}
+
+
+def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime) -> dict[str, Any]:
+    """Each provider entry gets its base URL; keys, models and other entries are kept.
+
+    Cline ignores the whole file when an entry lacks `updatedAt`, so a changed
+    entry gets a fresh one.
+    """
+    merged = copy.deepcopy(data)
+    merged.setdefault("version", 1)
+    providers = merged.setdefault("providers", {})
+    if not isinstance(providers, dict):
+        raise SetupError('"providers" in Cline\'s providers.json is not an object; fix it, then run again')
+    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    for provider in CLINE_PROVIDERS:
+        entry = providers.get(provider)
+        if not isinstance(entry, dict):
+            entry = providers[provider] = {}
+        settings = entry.get("settings")
+        if not isinstance(settings, dict):
+            settings = entry["settings"] = {}
+        wanted = cline_settings(provider, urls)
+        if all(settings.get(k) == v for k, v in wanted.items()) and "updatedAt" in entry:
+            continue
+        settings.update(wanted)
+        entry["updatedAt"] = stamp
+        entry.setdefault("tokenSource", "manual")
+    return merged
+
+
+def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
+          now: datetime | None = None) -> config_files.WriteResult:
+    """Merge the tool's configuration into its file (backup first; no change, no write)."""
+    now = now or datetime.now(timezone.utc)
+    the_plan = plan(tool, urls, where, codex_env_key)
+    path = the_plan.file
+    if path is None:
+        raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
+                         "put the export line in your shell profile")
+    if tool == "codex":
+        old = config_files.read_text(path)
+        try:
+            new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
+                                              ("model_providers", CODEX_PROVIDER), codex_provider(urls, codex_env_key))
+        except toml_edit.tomllib.TOMLDecodeError as exc:
+            raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
+        except toml_edit.TomlEditError as exc:
+            raise SetupError(f"{path}: {exc}") from None
+        return config_files.replace(path, old, new, now)
+    old_text = config_files.read_text(path)
+    data = config_files.read_json_object(path)
+    merged = claude_settings(data or {}, urls) if tool == "claude-code" else cline_merge(data or {}, urls, now)
+    if data is not None and merged == data:
+        return config_files.WriteResult(path, False, None)
+    return config_files.replace(path, old_text, config_files.json_text(merged), now)
