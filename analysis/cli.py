@@ -188,7 +188,38 @@ def export(out_dir: Path, fmt: str, overwrite: bool, filters: Filters, db_path: 
     click.echo(summary(written, fmt), nl=False)
 
 
-COMMANDS = (sql, report, errors, export)
+@click.command()
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Database for the demo (default: demo.duckdb in llmtap's data directory, made anew).")
+def demo(db_path: Path | None) -> None:
+    """See llmtap work: simulated upstream, proxy, traffic, report (no key, no network).
+
+    Starts the built-in simulated upstream and the proxy on free loopback
+    ports, drives a short realistic mix through the official OpenAI and
+    Anthropic SDKs (chat, Responses, Messages; streaming and not; a few
+    errors), then prints the report.
+    """
+    from proxy.server import run
+
+    from .demo import run_demo
+
+    if db_path is None:
+        db_path = paths.data_dir() / "demo.duckdb"
+        for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
+            stale.unlink(missing_ok=True)
+    sent = run(lambda: run_demo(db_path))
+    with opened(db_path) as source:
+        click.echo(report_mod.to_table(report_mod.build_report(source, "model", Filters())), nl=False)
+        click.echo(error_report.to_table(error_report.build_error_report(source, Filters())), nl=False)
+    db = str(db_path)
+    click.echo(f"\n{sent} requests recorded in {db}. Try next:\n"
+               f"  llmtap report --db {db} --by tool\n"
+               f"  llmtap sql --db {db} \"SELECT dialect, outcome, count(*) AS n, round(median(ttft_ms)) AS ttft_ms "
+               f"FROM requests GROUP BY ALL ORDER BY n DESC\"\n"
+               f"  llmtap serve --upstream https://api.anthropic.com   # then point a real tool at it\n")
+
+
+COMMANDS = (sql, report, errors, export, demo)
 
 
 def register(group: click.Group) -> None:
