@@ -57,6 +57,7 @@ def health(state: ProxyState) -> dict[str, Any]:
         "ok": True,
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,
+        "event_loop_lag": state.loop_lag.summary(),
         "store": store.stats() if store is not None else None,
     }
 

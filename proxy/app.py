@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from time import perf_counter_ns
 from types import SimpleNamespace
@@ -79,7 +80,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[_trace_config()] if cfg.measure else None,
         **HTTP_LIMITS,
     )
+    lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup
     yield
+    lag.cancel()
     await state.session.close()
 
 

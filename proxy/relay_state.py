@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from .config import ServeConfig
+from .looplag import LoopLag
 from .meter import Meter
 from .routes import RouteTable
 
@@ -28,6 +29,7 @@ class ProxyState:
     session: aiohttp.ClientSession = field(init=False)
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     requests_seen: int = 0
+    loop_lag: LoopLag = field(default_factory=LoopLag)
 
     def record(self, meter: Meter, outcome: str | None, error: tuple[str, str] | None) -> None:
         """The request is over: build its row, hand it to the store and the listeners."""

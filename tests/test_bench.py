@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from analysis.bench import client
 from analysis.bench.cli import bench as bench_command
+from analysis.bench.output import recording_notes
 from analysis.bench.plan import PlanOptions, build_plan
 from analysis.bench.prompts import PromptMaker, calibrate
 from analysis.bench.run import BenchRequest, bench
@@ -166,6 +167,17 @@ async def test_through_the_running_proxy_found_by_its_state_file(tmp_path: Path)
     assert outcome.recorded is not None and {t: n for t, _h, n in outcome.recorded}[tag] == 2  # via /_llmtap/sql
     assert len(sim.requests) == 2 + 1 + 2  # the call without a model sent nothing
 
+    # --base-url through the running proxy keeps its path; rows that reached another host get a warning
+    async with sim_and_proxy(tmp_path / "second") as (_, proxy):
+        write_state(proxy)
+        request = BenchRequest(model="m1", base_url="https://upstream.example/v1", plan=plan)
+        outcome = await bench(request, Budget(max_requests=2))
+    assert outcome.info.base_url == proxy.url + "/v1"
+    notes = recording_notes(outcome.run, outcome.recorded, db=outcome.info.db, base_url=request.base_url,
+                            db_flag=None, direct=False)
+    assert notes[0].startswith("recorded 2 rows in ")
+    assert "warning: the proxy sent these to 127.0.0.1, not to upstream.example" in notes[1]
+
 
 def test_cli_json_on_a_tiny_run_against_the_builtin_simulator(tmp_path: Path) -> None:
     db = tmp_path / "bench.duckdb"
@@ -182,6 +194,17 @@ def test_cli_json_on_a_tiny_run_against_the_builtin_simulator(tmp_path: Path) ->
     assert f"llmtap report --tag {experiment['tag']} --db {db} --html" in result.stderr
     assert data["requests_sent"] == 6  # 2 calibration, a warm-up round of 2 (2 in flight), 2 measured
     assert f"recorded 6 rows in {db}" in result.stderr
+
+
+def test_cli_direct_records_nothing_and_prints_csv(tmp_path: Path, llmtap_home: Path) -> None:
+    args = ["--direct", "--api", "anthropic", "--experiment", "stream", "--runs", "1", "--warmup", "0",
+            "--format", "csv"]
+    result = CliRunner().invoke(bench_command, args)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("tag,experiment,target_input_tokens,max_tokens,stream,") and len(lines) == 3
+    assert [line.split(",")[4] for line in lines[1:]] == ["True", "False"]
+    assert "not recorded: --direct" in result.stderr and not llmtap_home.exists()
 
 
 def test_ctrl_c_stops_the_command_and_prints_what_was_measured(tmp_path: Path) -> None:

@@ -192,3 +192,41 @@ async def test_unknown_prefix_is_404_naming_routes(sim, tmp_path: Path) -> None:
     assert status == 404 and "/openai" in body["error"]["message"] and "/anthropic" in body["error"]["message"]
     assert ok == 200 and sim.requests[-1][1] == "/v1/models"
     assert [r["outcome"] for r in recorded] == ["http_error", "ok"]
+
+
+async def test_compressed_request_body_forwarded_raw(tmp_path: Path) -> None:
+    """Codex sends zstd request bodies: the relay must not decompress them; the meter reads a copy."""
+    from backports import zstd
+
+    plain = b'{"model":"gpt-x","stream":true,"input":"hello"}'
+    packed = zstd.compress(plain)
+    async with ScriptedUpstream(Script(headers=[("Content-Type", "application/json")], chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            await fetch(p.url + "/v1/responses", data=packed,
+                        headers={"Content-Encoding": "zstd", "Content-Type": "application/json"})
+            recorded = rows(p)
+    assert up.received[0].body == packed
+    assert dict((k.lower(), v) for k, v in up.received[0].headers)["content-encoding"] == "zstd"
+    assert recorded[0]["request_model"] == "gpt-x" and recorded[0]["request_bytes"] == len(packed)
+
+
+async def test_gemini_stream_through_proxy(sim, proxy) -> None:  # type: ignore[no-untyped-def]
+    path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    body = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+    direct = await fetch(sim.url + path, json=body, headers={"x-goog-api-key": "g-key"})
+    proxied = await fetch(proxy.url + path, json=body, headers={"x-goog-api-key": "g-key"})
+    assert direct[0] == proxied[0] == 200
+    row = rows(proxy)[0]
+    assert (row["dialect"], row["request_model"], row["output_tokens"], row["outcome"]) == ("gemini", "gemini-2.5-flash", 8, "ok")
+    assert row["key_fingerprint"] and row["stream"] is True
+
+
+async def test_websocket_upgrade_refused_upstream(tmp_path: Path) -> None:
+    async with ScriptedUpstream(Script(status=404, headers=[("Content-Type", "application/json")], chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            async with aiohttp.ClientSession() as s:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+                    await s.ws_connect(p.url + "/v1/responses")
+            recorded = rows(p)
+    assert err.value.status == 404
+    assert recorded[0]["outcome"] == "http_error" and recorded[0]["error_type"] == "websocket_refused"

@@ -82,3 +82,17 @@ async def test_no_upstream_refuses_to_start(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", "0"], capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0
     assert "no upstream configured" in proc.stderr and "llmtap serve --upstream" in proc.stderr
+
+
+async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path) -> None:
+    from proxy.server import RunningProxy
+
+    from .conftest import proxy_config
+
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(p.url + "/_llmtap/health") as r:
+                health = await r.json()
+    assert health["ok"] is True and health["store"]["requests_written"] == 0
+    assert health["event_loop_lag"]["p99_ms"] is not None and health["event_loop_lag"]["p99_ms"] < 50

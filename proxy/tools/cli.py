@@ -52,6 +52,38 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
     click.echo(f"wrote {result.path}" + (f" (backup: {result.backup})" if result.backup else " (new file)"))
 
 
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--tag", help="Tag for this run's rows (default: run-<time>-<random>).")
+@click.option("--upstream", help="Upstream for a proxy started here (default: the config file's).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="TOML config file for a proxy started here (default: ~/.config/llmtap/config.toml).")
+@click.option("--db", help="DuckDB file for a proxy started here.")
+@click.option("--verbose", is_flag=True, help="Print a line per request (proxy started here).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_path: Path | None,
+        db: str | None, verbose: bool) -> None:
+    """Run COMMAND with its requests going through llmtap, then print their summary.
+
+    Uses the running `llmtap serve`, else starts a proxy for the command's
+    duration. Exits with the command's exit code. Example:
+    llmtap run --tag try1 -- claude -p "say hi"
+    """
+    from .run import RunError, execute
+
+    def report(line: str) -> None:
+        click.echo(line, err=True)
+
+    try:
+        outcome = execute(list(command), tag=tag, upstream=upstream, config_path=config_path, db=db,
+                          verbose=verbose, report=report)
+    except RunError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    click.echo(outcome.summary, err=True)
+    raise SystemExit(outcome.exit_code)
+
+
 def register(group: click.Group) -> None:
     """Add setup, run and doctor to the `llmtap` group."""
     group.add_command(setup)
+    group.add_command(run)

@@ -1,0 +1,146 @@
+"""What one `llmtap run` did: its requests' count, errors, TTFT and tokens.
+
+Queries go through `analysis.source` (the database file, or the running
+`llmtap serve` that holds it); without the analysis package, straight to the
+proxy's admin endpoint POST /_llmtap/sql.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .endpoint import TOKEN_HEADER
+
+Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
+
+
+class SummaryError(Exception):
+    pass
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_timestamp(value: datetime) -> str:
+    return f"TIMESTAMPTZ {sql_string(value.isoformat())}"
+
+
+def tag_filter(tag: str) -> str:
+    return f"tag = {sql_string(tag)}"
+
+
+def window_filter(start: datetime, end: datetime) -> str:
+    """Untagged rows that arrived while the command ran."""
+    return f"tag IS NULL AND started_at >= {sql_timestamp(start)} AND started_at <= {sql_timestamp(end)}"
+
+
+def totals_sql(where: str) -> str:
+    return (
+        "SELECT count(*) AS requests, count(*) FILTER (WHERE outcome <> 'ok') AS errors, "
+        "quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms, quantile_cont(ttft_ms, 0.95) AS ttft_p95_ms, "
+        "sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens, "
+        "string_agg(DISTINCT tool, ', ' ORDER BY tool) AS tools "
+        f"FROM requests WHERE {where}"
+    )
+
+
+def errors_sql(where: str) -> str:
+    return (
+        "SELECT coalesce(CAST(status AS VARCHAR), '-') AS status, outcome, "
+        "coalesce(error_type, '') AS error_type, path, count(*) AS n, any_value(error_message) AS message "
+        f"FROM requests WHERE {where} AND outcome <> 'ok' GROUP BY ALL ORDER BY n DESC LIMIT 5"
+    )
+
+
+@dataclass(frozen=True)
+class Totals:
+    requests: int
+    errors: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+    tools: str | None
+
+
+class Query:
+    """Runs read-only SQL on the run's database, however it is reachable."""
+
+    def __init__(self, db: str | Path | None, admin_url: str | None = None, token: str | None = None) -> None:
+        self.db, self.admin_url, self.token = db, admin_url, token
+
+    def __call__(self, sql: str) -> Result:
+        try:
+            from analysis.source import SourceError, open_source
+        except ImportError:
+            return self._over_http(sql)
+        if self.db is None:
+            return self._over_http(sql)
+        try:
+            source = open_source(self.db)
+        except SourceError as exc:
+            if self.admin_url:
+                return self._over_http(sql)
+            raise SummaryError(str(exc)) from None
+        try:
+            return source.query(sql)
+        except SourceError as exc:
+            raise SummaryError(str(exc)) from None
+        finally:
+            source.close()
+
+    def _over_http(self, sql: str) -> Result:
+        if not self.admin_url:
+            raise SummaryError("no database to query")
+        headers = {"Content-Type": "application/json", **({TOKEN_HEADER: self.token} if self.token else {})}
+        request = urllib.request.Request(self.admin_url + "/_llmtap/sql", data=json.dumps({"sql": sql}).encode(),
+                                         headers=headers, method="POST")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=60) as response:
+                answer = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise SummaryError(f"cannot query the proxy at {self.admin_url}: {exc}") from None
+        return answer["columns"], answer["types"], [tuple(r) for r in answer["rows"]]
+
+
+def totals(query: Query, where: str) -> Totals:
+    columns, _, rows = query(totals_sql(where))
+    row = dict(zip(columns, rows[0]))
+    return Totals(**row)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{int(value):,}"
+
+
+def render(label: str, t: Totals, errors: list[dict[str, Any]]) -> str:
+    tools = f" ({t.tools})" if t.tools else ""
+    lines = [
+        f"llmtap run: {label}: {t.requests} request{'s' if t.requests != 1 else ''}{tools}, "
+        f"{t.errors} error{'s' if t.errors != 1 else ''}",
+    ]
+    if t.requests:
+        lines.append(f"  TTFT p50 {_ms(t.ttft_p50_ms)}, p95 {_ms(t.ttft_p95_ms)}; "
+                     f"tokens in {_count(t.input_tokens)}, out {_count(t.output_tokens)}")
+    for e in errors:
+        kind = e["error_type"] or e["outcome"]
+        message = (e.get("message") or "").replace("\n", " ")[:100]
+        lines.append(f"  {e['n']} x {e['status']} {kind} {e['path']}" + (f": {message}" if message else ""))
+    return "\n".join(lines)
+
+
+def error_rows(query: Query, where: str) -> list[dict[str, Any]]:
+    columns, _, rows = query(errors_sql(where))
+    return [dict(zip(columns, r)) for r in rows]
