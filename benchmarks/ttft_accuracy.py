@@ -65,13 +65,13 @@ async def one(s: aiohttp.ClientSession, base: str, tag: str) -> float:
         return ttft
 
 
-async def drive(base: str, n: int, concurrency: int) -> dict[str, float]:
+async def drive(base: str, n: int, concurrency: int, prefix: str = "acc") -> dict[str, float]:
     sem = asyncio.Semaphore(concurrency)
     client: dict[str, float] = {}
 
     async def task(i: int) -> None:
         async with sem:
-            client[f"acc-{i}"] = await one(s, base, f"acc-{i}")
+            client[f"{prefix}-{i}"] = await one(s, base, f"{prefix}-{i}")
 
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(task(i) for i in range(n)))
@@ -112,11 +112,11 @@ async def main() -> None:
     try:
         await wait_ready(f"http://127.0.0.1:{up_port}")
         await wait_ready(base)
-        await drive(base, 5, 1)  # warm-up: connections, imports
+        await drive(base, 5, 1, "warm")  # warm-up: connections, imports
         t0 = time.perf_counter()
         client = await drive(base, args.requests, args.concurrency)
         wall = time.perf_counter() - t0
-        rec, health = await recorded(base, args.requests + 5)
+        rec, health = await recorded(base, args.requests)
     finally:
         for p in procs:
             p.terminate()

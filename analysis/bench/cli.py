@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from yarl import URL
 
 from proxy.server import run as run_loop
 from proxy.store import StoreError
 
-from .output import RENDERERS
+from .output import RENDERERS, recording_notes
 from .plan import EXPERIMENTS, PlanOptions, parse_counts
 from .progress import ProgressLine
 from .run import BenchOutcome, BenchRequest, BenchUsageError, bench as run_bench
@@ -83,19 +82,20 @@ def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs:
     if api_key and api_key_env:
         raise click.UsageError("give --api-key or --api-key-env, not both")
     chosen = EXPERIMENTS if not experiments or "all" in experiments else tuple(experiments)
-    plan = PlanOptions(runs=runs, experiments=chosen)
-    plan.inputs, plan.outputs, plan.concurrency = inputs or plan.inputs, outputs or plan.outputs, \
-        concurrency or plan.concurrency
+    points = {name: value for name, value in (("inputs", inputs), ("outputs", outputs),
+                                              ("concurrency", concurrency)) if value}
+    plan = PlanOptions(runs=runs, experiments=chosen, **points)
     request = BenchRequest(plan=plan, api_key=api_key, api_key_env=api_key_env, **options)
     progress = ProgressLine()
     try:
         outcome = run_loop(lambda: _bench_until_interrupted(request, Budget(max_requests, max_seconds), progress))
     except (BenchUsageError, BenchError, StoreError) as exc:
-        progress.finish("")
+        progress.clear()
         raise click.ClickException(str(exc)) from None
     progress.finish(_final_line(outcome))
     click.echo(RENDERERS[fmt](outcome.run, outcome.info), nl=False)
-    for line in _after_lines(outcome, request):
+    for line in recording_notes(outcome.run, outcome.recorded, db=outcome.info.db, base_url=request.base_url,
+                                db_flag=request.db, direct=request.direct):
         click.echo(line, err=True)
 
 
@@ -121,27 +121,3 @@ def _final_line(outcome: BenchOutcome) -> str:
     errors = sum(p.errors for e in run.experiments for p in e.points)
     stopped = f"; stopped: {run.stopped_by}" if run.stopped_by else ""
     return f"bench: {run.sent} requests in {run.elapsed_s:.1f} s, {errors} measured failed{stopped}"
-
-
-def _after_lines(outcome: BenchOutcome, request: BenchRequest) -> list[str]:
-    """Where the rows went, and the command for the charts."""
-    run, info = outcome.run, outcome.info
-    if outcome.recorded is None:
-        return ["not recorded (--direct)"]
-    by_tag: dict[str, int] = {}
-    for tag, _host, count in outcome.recorded:
-        by_tag[tag] = by_tag.get(tag, 0) + count
-    lines = [f"recorded {sum(by_tag.values())} rows in {info.db or 'the proxy database'} under {run.tag_base}-*"]
-    missing = {tag: n for tag, n in run.finished.items() if by_tag.get(tag, 0) < n}
-    if missing:
-        lines.append("warning: fewer rows than requests for " + ", ".join(
-            f"{tag} ({by_tag.get(tag, 0)} of {n})" for tag, n in sorted(missing.items())))
-    hosts = sorted({host for _tag, host, _n in outcome.recorded})
-    if request.base_url and hosts and URL(request.base_url).host not in hosts:
-        lines.append(f"warning: the proxy sent these to {', '.join(hosts)}, not to {URL(request.base_url).host}; "
-                     "check the route of the running proxy (--proxy-route)")
-    db_flag = f" --db {request.db}" if request.db is not None else ""
-    for e in run.experiments:
-        lines.append(f"charts: llmtap report --tag {e.tag}{db_flag} --html bench-{e.name}.html")
-    return lines
-

@@ -138,7 +138,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect) -> list[f
 
 
 def _finish(result: Result, dialect: Dialect, times: list[float]) -> None:
-    ms = lambda t: (t - result.started) * 1000  # noqa: E731
+    def ms(t: float) -> float:
+        return (t - result.started) * 1000
+
     result.e2e_ms = ms(result.ended)
     usage = dialect.usage
     result.input_tokens = usage.input_tokens

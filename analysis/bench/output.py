@@ -5,9 +5,11 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
+from yarl import URL
 
 from .plan import TITLES
 from .runner import BenchRun
@@ -132,9 +134,38 @@ def to_table(run: BenchRun, info: RunInfo) -> str:
     lines = [f"llmtap bench {run.tag_base}: {info.api} model {info.model} via {info.via}",
              f"warm-up {info.warmup} round(s) per experiment, excluded; "
              f"{run.sent} requests in {run.elapsed_s:.1f} s" + (f"; stopped: {run.stopped_by}" if run.stopped_by else "")]
+    if run.calibration is not None:
+        c = run.calibration
+        how = "from the upstream's usage" if c.measured else "guessed: the upstream reported no usage"
+        lines.append(f"prompts: {c.overhead:.0f} tokens + {c.per_word:.2f} per word ({how})")
     for e in run.experiments:
         lines += [""] + _experiment_table(e, info)
     return "\n".join(lines) + "\n"
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}
+
+Recorded = list[tuple[str, str, int]]  # (tag, upstream host, rows)
+
+
+def recording_notes(run: BenchRun, recorded: Recorded | None, *, db: str | None, base_url: str | None,
+                    db_flag: Path | None, direct: bool) -> list[str]:
+    """Where the rows went, a warning when they are short or went elsewhere, and the commands for charts."""
+    if recorded is None:
+        return ["not recorded: " + ("--direct" if direct else "could not read the rows back from the proxy")]
+    by_tag: dict[str, int] = {}
+    for tag, _host, count in recorded:
+        by_tag[tag] = by_tag.get(tag, 0) + count
+    lines = [f"recorded {sum(by_tag.values())} rows in {db or 'the proxy database'} under {run.tag_base}-*"]
+    short = {tag: n for tag, n in run.finished.items() if by_tag.get(tag, 0) < n}
+    if short:
+        lines.append("warning: fewer rows than requests for " + ", ".join(
+            f"{tag} ({by_tag.get(tag, 0)} of {n})" for tag, n in sorted(short.items())))
+    hosts = sorted({host for _tag, host, _n in recorded})
+    wanted = URL(base_url).host if base_url else None
+    if wanted and hosts and wanted not in hosts:
+        lines.append(f"warning: the proxy sent these to {', '.join(hosts)}, not to {wanted}; "
+                     "check the route of the running proxy (--proxy-route)")
+    flag = f" --db {db_flag}" if db_flag is not None else ""
+    lines += [f"charts: llmtap report --tag {e.tag}{flag} --html bench-{e.name}.html" for e in run.experiments]
+    return lines

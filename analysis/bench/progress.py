@@ -27,8 +27,14 @@ class ProgressLine:
         self.stream.flush()
         self._width = len(text)
 
-    def finish(self, message: str) -> None:
+    def clear(self) -> None:
         if self.live and self._width:
             self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+    def finish(self, message: str) -> None:
+        """Replace the live line with `message` (written on any stream)."""
+        self.clear()
         self.stream.write(message + "\n")
         self.stream.flush()
