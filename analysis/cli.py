@@ -20,6 +20,7 @@ from proxy import paths
 from . import error_report, report as report_mod
 from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
 from .filters import Filters
+from .html_report import render_html
 from .formatting import FORMATS as SQL_FORMATS, render
 from .source import Source, SourceError, open_source
 from .timewindow import WindowError, parse_time, utc_now
@@ -133,10 +134,12 @@ def sql(query: str | None, file: Path | None, db_path: Path, fmt: str) -> None:
               help="Group requests by this.")
 @click.option("--errors", "show_errors", is_flag=True,
               help="Show the errors report instead (like `llmtap errors`).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a self-contained HTML report with charts to this file.")
 @filter_options
 @db_option
 @output_options("table", "json", "csv")
-def report(by: str, show_errors: bool, filters: Filters, db_path: Path, fmt: str) -> None:
+def report(by: str, show_errors: bool, html_path: Path | None, filters: Filters, db_path: Path, fmt: str) -> None:
     """Latency, errors and tokens by model, tool, route, ...
 
     Then the 5 slowest requests. Percentiles (DuckDB quantile_cont: linear
@@ -148,7 +151,11 @@ def report(by: str, show_errors: bool, filters: Filters, db_path: Path, fmt: str
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
+        if html_path is not None:
+            html_path.write_text(render_html(source.query, where=filters.where(), title="llmtap report"))
     click.echo(text, nl=False)
+    if html_path is not None:
+        click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
 
 
 @click.command()

@@ -18,7 +18,7 @@ from analysis.html_queries import SCATTER_POINTS
 from analysis.html_report import duckdb_query, render_html
 from analysis.source import open_source
 from .analysis_fixture import build_fixture_db
-from browser import Chromium, find_chromium
+from .browser import Chromium, find_chromium
 from proxy.schema import create_tables_sql
 
 XSS_MODEL = "<script>alert(1)</script><img src=x onerror=alert(3)>"
@@ -259,3 +259,18 @@ def test_renders_through_the_cli_source_and_filters(tmp_path: Path) -> None:
     assert len(charts_by_id(everything)) == CHART_COUNT
     assert "All models</th><td>31</td>" in everything
     assert "Filter: <code>tool IN (&#x27;codex&#x27;)</code>" in one_tool
+
+
+def test_report_html_option_writes_the_page(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    db = tmp_path / "fixture.duckdb"
+    build_fixture_db(db)
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", "--db", str(db), "--html", str(out), "--tag", "no-such-tag"])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") or page.lower().startswith("<!doctype html>")
+    assert "uPlot" in page and "https://" not in page.split("</style>")[0]

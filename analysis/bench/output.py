@@ -42,6 +42,10 @@ def point_label(p: PointSummary) -> str:
     }.get(point.experiment, point.label)
 
 
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def point_record(p: PointSummary) -> dict[str, Any]:
     point = p.point
     record: dict[str, Any] = {
@@ -52,8 +56,8 @@ def point_record(p: PointSummary) -> dict[str, Any]:
     for name in METRICS:
         stat = getattr(p, name)
         base = name.removesuffix("_ms")
-        record[f"{base}_p50_ms"], record[f"{base}_p95_ms"] = stat.p50, stat.p95
-    record.update(output_tokens_per_s=p.output_tokens_per_s, wall_s=p.wall_s, knee=p.knee,
+        record[f"{base}_p50_ms"], record[f"{base}_p95_ms"] = _round(stat.p50), _round(stat.p95)
+    record.update(output_tokens_per_s=_round(p.output_tokens_per_s, 2), wall_s=_round(p.wall_s), knee=p.knee,
                   first_error=p.first_error)
     return record
 
