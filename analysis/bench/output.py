@@ -15,7 +15,6 @@ from .plan import TITLES
 from .runner import BenchRun
 from .summary import KNEE_GAIN, LATENCY_RISE, ExperimentSummary, PointSummary
 
-FORMATS = ("table", "json", "csv")
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
@@ -135,9 +134,10 @@ def _knee_line(e: ExperimentSummary) -> str:
 
 
 def to_table(run: BenchRun, info: RunInfo) -> str:
+    stopped = f"; stopped: {run.stopped_by}" if run.stopped_by else ""
     lines = [f"llmtap bench {run.tag_base}: {info.api} model {info.model} via {info.via}",
              f"warm-up {info.warmup} round(s) per experiment, excluded; "
-             f"{run.sent} requests in {run.elapsed_s:.1f} s" + (f"; stopped: {run.stopped_by}" if run.stopped_by else "")]
+             f"{run.sent} requests in {run.elapsed_s:.1f} s{stopped}"]
     if run.calibration is not None:
         c = run.calibration
         how = "from the upstream's usage" if c.measured else "guessed: the upstream reported no usage"

@@ -83,7 +83,30 @@ def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_
     raise SystemExit(outcome.exit_code)
 
 
+@click.command()
+@click.option("--upstream", "upstreams", multiple=True, metavar="URL",
+              help="Check this upstream (repeatable; default: the running proxy's, else the config file's).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="TOML config file (default: ~/.config/llmtap/config.toml).")
+@click.option("--db", help="DuckDB file to check (default: the config's, else ~/.local/share/llmtap/llmtap.duckdb).")
+@click.option("--port", type=int, help="Port to check (default: the config's, else 8787).")
+@click.option("--timeout", type=click.FloatRange(min=0.1, max=60), default=5.0, show_default=True,
+              help="Seconds for each network step.")
+def doctor(upstreams: tuple[str, ...], config_path: Path | None, db: str | None, port: int | None,
+           timeout: float) -> None:
+    """Check proxies, keys, base URLs, port, database and upstream; exit 1 on any FAIL."""
+    import os
+
+    from .doctor import Options, diagnose, exit_code, render
+
+    checks = diagnose(Options(env=dict(os.environ), config_path=config_path, upstreams=upstreams, db=db,
+                              port=port, timeout=timeout))
+    click.echo(render(checks), nl=False)
+    raise SystemExit(exit_code(checks))
+
+
 def register(group: click.Group) -> None:
     """Add setup, run and doctor to the `llmtap` group."""
     group.add_command(setup)
     group.add_command(run)
+    group.add_command(doctor)
