@@ -19,6 +19,7 @@ from proxy import paths
 
 from . import error_report, report as report_mod
 from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
+from .bench.cli import bench
 from .filters import Filters
 from .html_report import render_html
 from .formatting import FORMATS as SQL_FORMATS, render
@@ -199,7 +200,7 @@ def export(out_dir: Path, fmt: str, overwrite: bool, filters: Filters, db_path: 
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Database for the demo (default: demo.duckdb in llmtap's data directory, made anew).")
 def demo(db_path: Path | None) -> None:
-    """See llmtap work: simulated upstream, proxy, traffic, report (no key, no network).
+    """See llmtap work on a simulated upstream: no key, no network.
 
     Starts the built-in simulated upstream and the proxy on free loopback
     ports, drives a short realistic mix through the official OpenAI and
@@ -226,7 +227,7 @@ def demo(db_path: Path | None) -> None:
                f"  llmtap serve --upstream https://api.anthropic.com   # then point a real tool at it\n")
 
 
-COMMANDS = (sql, report, errors, export, demo)
+COMMANDS = (sql, report, errors, export, demo, bench)
 
 
 def register(group: click.Group) -> None:

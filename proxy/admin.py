@@ -35,7 +35,7 @@ def _is_loopback(remote: str | None) -> bool:
 def allowed(request: web.Request, state: ProxyState) -> bool:
     token = state.config.admin_token
     if token:
-        sent = request.headers.get(TOKEN_HEADER, "")
+        sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(sent.encode(), token.encode())
     return _is_loopback(request.remote)
 

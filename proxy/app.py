@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import urllib.parse
 from time import perf_counter_ns
 from types import SimpleNamespace
 from typing import AsyncIterator
@@ -13,12 +14,13 @@ from aiohttp import web
 
 from . import admin, websocket
 from .errors import error_response
-from .forward import relay, split_raw_path
+from .forward import TAG_KEY, relay, split_raw_path
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
 
 ADMIN_PREFIX = "/_llmtap/"
+TAG_PREFIX = "/_tag/"
 # Generous header limits: Codex sends a JSON document in a header.
 HTTP_LIMITS = {"max_line_size": 65536, "max_field_size": 65536}
 
@@ -29,6 +31,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     path, query = split_raw_path(request.raw_path)
     if path.startswith(ADMIN_PREFIX):
         return await admin.handle(request, path[len(ADMIN_PREFIX):])
+    if path.startswith(TAG_PREFIX):
+        path = strip_tag(request, path)
     route = state.routes.match(path)
     if route is None:
         prefixes = ", ".join(state.routes.prefixes)
@@ -39,6 +43,14 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
+
+
+def strip_tag(request: web.Request, path: str) -> str:
+    """`/_tag/<tag>/rest` -> `/rest`, recording <tag>: a base URL that tags tools which send no custom headers."""
+    tag, _, rest = path[len(TAG_PREFIX):].partition("/")
+    if tag:
+        request[TAG_KEY] = urllib.parse.unquote(tag)[:200]
+    return "/" + rest
 
 
 def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str) -> web.Response:

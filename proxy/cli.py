@@ -29,6 +29,13 @@ def _routes(values: tuple[str, ...]) -> dict[str, str] | None:
     return routes or None
 
 
+def _pair(spec: str, option: str) -> tuple[str, str]:
+    key, sep, value = spec.partition("=")
+    if not sep or not value:
+        raise click.BadParameter(f"expected PREFIX=VALUE, not {spec!r}", param_hint=option)
+    return key, value
+
+
 @main.command()
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML config file (default: ~/.config/llmtap/config.toml).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
@@ -47,14 +54,18 @@ def _routes(values: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CA bundle for TLS to the upstream.")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow listening on a non-loopback address.")
 @click.option("--admin-token", help="Token required by the /_llmtap/ admin endpoint.")
+@click.option("--upstream-key-env", metavar="VAR", help="Replace the client's credential on the default route with the key in $VAR.")
+@click.option("--route-key-env", "route_key_specs", multiple=True, metavar="PREFIX=VAR", help="The same for one route prefix. Repeatable.")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration as TOML and exit.")
-def serve(config_path: Path | None, route_specs: tuple[str, ...], print_config: bool, **flags: Any) -> None:
+def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_specs: tuple[str, ...],
+          print_config: bool, **flags: Any) -> None:
     """Run the proxy: forward, relay and measure every request."""
     from .server import check_bind, run, serve_forever
     from .store import StoreError
 
     try:
-        config = cfg.build(config_path, {**flags, "routes": _routes(route_specs)})
+        keys = dict(_pair(spec, "--route-key-env") for spec in route_key_specs)
+        config = cfg.build(config_path, {**flags, "routes": _routes(route_specs), "route_key_env": keys})
         if print_config:
             click.echo(cfg.to_toml(config), nl=False)
             return

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from . import paths
-from .routes import Route, RouteError, RouteTable, make_route
+from .routes import Route, RouteError, RouteTable, make_route, normal_prefix
 
 EXAMPLE = (
     "  llmtap serve --upstream https://api.openai.com\n"
@@ -40,6 +41,10 @@ class ServeConfig:
     flush_interval_s: float = 1.0
     allow_remote: bool = False
     admin_token: str | None = None
+    # Credential injection (opt-in): the environment variable holding the real upstream key, for the
+    # default route and per route prefix. The client's own credential is then replaced.
+    upstream_key_env: str | None = None
+    route_key_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def db_path(self) -> Path:
@@ -52,18 +57,34 @@ class ServeConfig:
     def route_table(self) -> RouteTable:
         routes: list[Route] = []
         try:
+            keys = {normal_prefix(p): var for p, var in self.route_key_env.items()}
+            if self.upstream_key_env:
+                keys[""] = self.upstream_key_env
             if self.upstream:
-                routes.append(make_route("", self.upstream))
-            routes.extend(make_route(prefix, url) for prefix, url in self.routes.items())
+                routes.append(make_route("", self.upstream, _key_from_env(keys.pop("", None))))
+            for prefix, url in self.routes.items():
+                routes.append(make_route(prefix, url, _key_from_env(keys.pop(normal_prefix(prefix), None))))
             table = RouteTable(routes)
         except RouteError as exc:
             raise ConfigError(str(exc)) from None
+        if keys:
+            raise ConfigError(f"a key is configured for route(s) that do not exist: {', '.join(k or '/' for k in keys)}")
         if not routes:
             raise ConfigError("no upstream configured. Give one, for example:\n" + EXAMPLE)
         return table
 
 
 _FIELDS = {f.name for f in fields(ServeConfig)}
+_TABLES = ("routes", "route_key_env")
+
+
+def _key_from_env(var: str | None) -> str | None:
+    if var is None:
+        return None
+    value = os.environ.get(var, "").strip()
+    if not value:
+        raise ConfigError(f"credential injection: the environment variable {var} is not set or empty")
+    return value
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -87,9 +108,10 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
         raise ConfigError(f"config file {config_path} does not exist")
     values: dict[str, Any] = load_file(path)
     for key, value in overrides.items():
-        if key == "routes" and value:
-            values["routes"] = {**values.get("routes", {}), **value}
-        elif value is not None and key != "routes":
+        if key in _TABLES:
+            if value:
+                values[key] = {**values.get(key, {}), **value}
+        elif value is not None:
             values[key] = value
     try:
         return ServeConfig(**values)
@@ -100,7 +122,7 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
 def to_toml(config: ServeConfig) -> str:
     """The effective configuration, as a config file that reproduces it."""
     lines, data = [], asdict(config)
-    routes = data.pop("routes")
+    tables = {name: data.pop(name) for name in _TABLES}
     for key, value in data.items():
         if value is None:
             lines.append(f"# {key} = (unset)")
@@ -108,9 +130,10 @@ def to_toml(config: ServeConfig) -> str:
             lines.append("# admin_token is set (hidden)")
         else:
             lines.append(f"{key} = {_toml_value(value)}")
-    if routes:
-        lines.append("\n[routes]")
-        lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in routes.items())
+    for name, table in tables.items():
+        if table:
+            lines.append(f"\n[{name}]")
+            lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in table.items())
     return "\n".join(lines) + "\n"
 
 

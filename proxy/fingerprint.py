@@ -28,8 +28,10 @@ def key_fingerprint(
     a key that an attacker already holds.
     """
     secret = _credential(headers, query)
-    if not secret:
-        return None
+    return secret_fingerprint(secret) if secret else None
+
+
+def secret_fingerprint(secret: str) -> str:
     return "k:" + hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 

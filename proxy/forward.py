@@ -13,8 +13,10 @@ from time import perf_counter_ns
 import aiohttp
 from aiohttp import web
 
-from .errors import error_response
-from .headers import TAG_HEADER, request_headers, response_headers
+from multidict import CIMultiDict
+
+from .errors import api_shape, error_response
+from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
@@ -53,10 +55,13 @@ def split_raw_path(raw: str) -> tuple[str, str]:
     return path, query
 
 
+TAG_KEY = web.RequestKey("llmtap_tag", str)  # set by dispatch from a /_tag/<tag>/ path prefix
+
+
 def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, received: int) -> Meter | None:
     if not state.config.measure:
         return None
-    return Meter(
+    meter = Meter(
         received_ns=received,
         method=request.method,
         path=path,
@@ -64,8 +69,18 @@ def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, 
         headers=request.headers,
         route=route.label,
         upstream_host=route.upstream.host or "",
-        tag=request.headers.get(TAG_HEADER) or state.config.tag,
+        tag=request.get(TAG_KEY) or request.headers.get(TAG_HEADER) or state.config.tag,
     )
+    meter.credential = route.credential
+    state.inflight[meter.id] = meter
+    return meter
+
+
+def upstream_headers(request: web.Request, route: Route, path: str) -> CIMultiDict[str]:
+    headers = request_headers(request.headers)
+    if route.credential:
+        inject_credential(headers, api_shape(path), route.credential)
+    return headers
 
 
 async def relay(request: web.Request, route: Route, path: str, query: str, received: int) -> web.StreamResponse:
@@ -116,7 +131,7 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
     host = route.upstream.host
     try:
         return await state.session.request(
-            request.method, url, headers=request_headers(request.headers), data=body or None,
+            request.method, url, headers=upstream_headers(request, route, path), data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
             trace_request_ctx=meter,
         )

@@ -41,5 +41,20 @@ def request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return end_to_end(headers, REQUEST_DROP)
 
 
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+
+
+def inject_credential(headers: CIMultiDict[str], api: str, key: str) -> None:
+    """Replace whatever credential the client sent with `key`, in the header `api` expects."""
+    for name in CREDENTIAL_HEADERS:
+        headers.popall(name, None)
+    if api == "anthropic":
+        headers["x-api-key"] = key
+    elif api == "gemini":
+        headers["x-goog-api-key"] = key
+    else:
+        headers["Authorization"] = f"Bearer {key}"
+
+
 def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return end_to_end(headers, RESPONSE_DROP)

@@ -22,7 +22,7 @@ from .clients import tool_from_headers
 from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
-from .fingerprint import key_fingerprint
+from .fingerprint import key_fingerprint, secret_fingerprint
 from .request_info import parse_request
 from .sse import SSEParser
 
@@ -57,6 +57,7 @@ class Meter:
         self.dialect: Dialect = detect_dialect(path)()
         self.request_body = b""
         self.request_bytes: int | None = None
+        self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
         self.upstream_sent: int | None = None
         self.upstream_headers: int | None = None
         self.first_byte: int | None = None
@@ -199,7 +200,7 @@ class Meter:
             "tool": tool_from_headers(h),
             "user_agent": h.get("user-agent"),
             "tag": self.tag,
-            "key_fingerprint": key_fingerprint(h, self.query),
+            "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
         }
 
     def _request_columns(self) -> dict[str, Any]:

@@ -29,10 +29,12 @@ class ProxyState:
     session: aiohttp.ClientSession = field(init=False)
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     requests_seen: int = 0
+    inflight: dict[str, Meter] = field(default_factory=dict)  # by meter id, for the live view
     loop_lag: LoopLag = field(default_factory=LoopLag)
 
     def record(self, meter: Meter, outcome: str | None, error: tuple[str, str] | None) -> None:
         """The request is over: build its row, hand it to the store and the listeners."""
+        self.inflight.pop(meter.id, None)
         try:
             row, chunks = meter.finish(outcome, perf_counter_ns(), error)
         except Exception as exc:  # a bug in measuring loses a metric, never a request

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from yarl import URL
 
@@ -15,6 +15,8 @@ class RouteError(ValueError):
 class Route:
     prefix: str  # "" for the default route, else "/name" (no trailing slash)
     upstream: URL  # scheme://host[:port][/base-path], no query
+    # The upstream key llmtap puts in place of the client's (opt-in); never printed or stored.
+    credential: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -46,11 +48,15 @@ def parse_route(spec: str) -> Route:
     return make_route(prefix, url)
 
 
-def make_route(prefix: str, url: str) -> Route:
+def normal_prefix(prefix: str) -> str:
     prefix = "/" + prefix.strip().strip("/") if prefix.strip().strip("/") else ""
-    if ".." in prefix.split("/"):
-        raise RouteError(f"route prefix must not contain '..': {prefix!r}")
-    return Route(prefix=prefix, upstream=parse_upstream(url))
+    if ".." in prefix.split("/") or prefix.startswith("/_llmtap") or prefix.startswith("/_tag"):
+        raise RouteError(f"route prefix {prefix!r} is not allowed ('..', /_llmtap and /_tag are reserved)")
+    return prefix
+
+
+def make_route(prefix: str, url: str, credential: str | None = None) -> Route:
+    return Route(prefix=normal_prefix(prefix), upstream=parse_upstream(url), credential=credential)
 
 
 class RouteTable:

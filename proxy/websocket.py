@@ -14,8 +14,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from .errors import error_response
-from .forward import new_meter
-from .headers import request_headers
+from .forward import new_meter, upstream_headers
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
@@ -77,7 +76,7 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     turns = _Turns(state, request, route, path)
     url = route.target(path, query)
     url = url.with_scheme("wss" if url.scheme == "https" else "ws")
-    headers = request_headers(request.headers)
+    headers = upstream_headers(request, route, path)
     for name in _HANDSHAKE:
         headers.popall(name, None)
     try:

@@ -8,7 +8,7 @@
   measured client-side (TTFT, ITL, TPOT, E2E, tokens) as vLLM's `bench serve`.
 - ``runner``: calibration, warm-up, concurrency, count and time bounds, stop.
 - ``summary``: median and p95 per point, throughput, the concurrency knee.
-- ``setup``: through the running proxy, an in-process one, or direct; the
+- ``upstream``: through the running proxy, an in-process one, or direct; the
   built-in simulated upstream.
 - ``run``: one whole run; ``output``: table, JSON, CSV; ``cli``: the command.
 """

@@ -12,7 +12,7 @@ from .client import Api, Target
 from .output import RunInfo
 from .plan import PlanOptions, build_plan
 from .runner import Budget, BenchRun, Progress, run_bench
-from .setup import BENCH_SIM, SIM_MODELS, check_base_url, open_setup
+from .upstream import BENCH_SIM, SIM_MODELS, check_base_url, open_setup
 
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 

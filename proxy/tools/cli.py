@@ -58,10 +58,12 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
 @click.option("--config", "config_path", type=click.Path(path_type=Path),
               help="TOML config file for a proxy started here (default: ~/.config/llmtap/config.toml).")
 @click.option("--db", help="DuckDB file for a proxy started here.")
+@click.option("--port", type=click.IntRange(0, 65535),
+              help="Port for a proxy started here (default: the config's, else 8787; any free port if taken).")
 @click.option("--verbose", is_flag=True, help="Print a line per request (proxy started here).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_path: Path | None,
-        db: str | None, verbose: bool) -> None:
+        db: str | None, port: int | None, verbose: bool) -> None:
     """Run COMMAND with its requests going through llmtap, then print their summary.
 
     Uses the running `llmtap serve`, else starts a proxy for the command's
@@ -75,7 +77,7 @@ def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_
 
     try:
         outcome = execute(list(command), tag=tag, upstream=upstream, config_path=config_path, db=db,
-                          verbose=verbose, report=report)
+                          port=port, verbose=verbose, report=report)
     except RunError as exc:
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(exc.exit_code) from None

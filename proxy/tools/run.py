@@ -165,9 +165,9 @@ class Outcome:
     summary: str
 
 
-def own_config(config_path: Path | None, upstream: str | None, db: str | None, tag: str,
+def own_config(config_path: Path | None, upstream: str | None, db: str | None, port: int | None, tag: str,
                verbose: bool) -> cfg.ServeConfig:
-    overrides: dict[str, Any] = {"upstream": upstream, "db": db, "tag": tag, "host": "127.0.0.1",
+    overrides: dict[str, Any] = {"upstream": upstream, "db": db, "port": port, "tag": tag, "host": "127.0.0.1",
                                  "quiet": not verbose, "allow_remote": None, "routes": None}
     try:
         config = cfg.build(config_path, overrides)
@@ -180,7 +180,7 @@ def own_config(config_path: Path | None, upstream: str | None, db: str | None, t
 
 
 def execute(command: list[str], *, tag: str | None = None, upstream: str | None = None,
-            config_path: Path | None = None, db: str | None = None, verbose: bool = False,
+            config_path: Path | None = None, db: str | None = None, port: int | None = None, verbose: bool = False,
             env: dict[str, str] | None = None, report: Callable[[str], None]) -> Outcome:
     """Run `command` through the proxy and summarize its requests."""
     if not command:
@@ -197,7 +197,7 @@ def execute(command: list[str], *, tag: str | None = None, upstream: str | None 
         urls = base_urls(live.url, live.prefixes, url_tag)
         return _launch(command, env, urls, tag, report, query=summary.Query(live.db, live.url, live.admin_token),
                        after=lambda: settle(live), tagged=url_tag is not None)
-    config = own_config(config_path, upstream, db, tag, verbose)
+    config = own_config(config_path, upstream, db, port, tag, verbose)
     try:
         proxy = _start(config, report)
     except OSError as exc:

@@ -65,6 +65,17 @@ def _set_keys(lines: list[str], start: int, end: int, values: dict[str, str]) ->
         end += 1
 
 
+def _top_insert_at(lines: list[str], first_header: int) -> int:
+    """After the last top-level key; with none, before the comments that introduce the first table."""
+    last = max((i for i in range(first_header) if _is_content(lines[i])), default=None)
+    if last is not None:
+        return last + 1
+    at = first_header
+    while at > 0 and lines[at - 1].strip().startswith("#"):
+        at -= 1
+    return at
+
+
 def set_key_and_table(text: str, top: dict[str, str], table: tuple[str, ...], values: dict[str, str]) -> str:
     """`text` with the top-level keys `top` set and the table `table` holding `values`.
 
@@ -94,13 +105,15 @@ def set_key_and_table(text: str, top: dict[str, str], table: tuple[str, ...], va
         lines.extend(f"{key} = {toml_string(value)}\n" for key, value in values.items())
 
     first_header = next((i for i, line in enumerate(lines) if _HEADER.match(line)), len(lines))
-    before = len(lines)
-    _set_keys(lines, 0, first_header, top)
-    if len(lines) > before and first_header < len(lines) - 1:
-        inserted = next(i for i in range(first_header + 1) if any(
-            _key_line(k).match(lines[i]) for k in top))
-        if lines[inserted + 1].strip():
-            lines.insert(inserted + 1, "\n")
+    missing = {k: v for k, v in top.items()
+               if not any(_key_line(k).match(lines[i]) for i in range(first_header))}
+    _set_keys(lines, 0, first_header, {k: v for k, v in top.items() if k not in missing})
+    if missing:
+        at = _top_insert_at(lines, first_header)
+        new_lines = [f"{key} = {toml_string(value)}\n" for key, value in missing.items()]
+        if at < len(lines) and lines[at].strip():
+            new_lines.append("\n")
+        lines[at:at] = new_lines
 
     result = "".join(lines)
     try:

@@ -99,11 +99,14 @@ async def _poll_serving(serving: ServingProxy, sql: str, expected: int) -> list[
     rows: list[tuple[str, str, int]] | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         for _ in range(int(RECORD_WAIT_S / 0.5)):
-            async with session.post(serving.url + "/_llmtap/sql", json={"sql": sql},
-                                    headers=_admin_headers(serving)) as resp:
-                if resp.status != 200:
-                    return None
-                rows = [tuple(r) for r in (await resp.json())["rows"]]  # type: ignore[misc]
+            try:
+                async with session.post(serving.url + "/_llmtap/sql", json={"sql": sql},
+                                        headers=_admin_headers(serving)) as resp:
+                    if resp.status != 200:
+                        return None
+                    rows = [tuple(r) for r in (await resp.json())["rows"]]  # type: ignore[misc]
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                return None
             if sum(r[2] for r in rows) >= expected:
                 break
             await asyncio.sleep(0.5)
@@ -126,6 +129,10 @@ def _origin(base_url: str) -> str:
     return str(URL(base_url).origin())
 
 
+def _same_file(recorded: str | None, wanted: Path) -> bool:
+    return recorded is not None and Path(recorded).expanduser().resolve() == wanted.expanduser().resolve()
+
+
 def _through(proxy_url: str, route: str, base_url: str) -> str:
     prefix = "/" + route.strip("/") if route.strip("/") else ""
     return proxy_url + prefix + URL(base_url).raw_path.rstrip("/")
@@ -138,7 +145,7 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
     if base_url is not None:
         check_base_url(base_url)
     serving = None if direct else await find_serving()
-    if serving is not None and (db is None or (serving.db and Path(serving.db) == db.expanduser())):
+    if serving is not None and (db is None or _same_file(serving.db, db)):
         base = _through(serving.url, proxy_route, base_url or _api_base(api, serving.url))
         route = f"route {proxy_route}" if proxy_route.strip("/") else "default route"
         yield Setup(base, f"the running proxy at {serving.url} ({route})",

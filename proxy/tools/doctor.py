@@ -1,0 +1,74 @@
+"""`llmtap doctor`: every check that explains "my tool does not go through the proxy" or "every request fails".
+
+The checks, in order: HTTP proxy variables, API-key variables, base URLs (the
+variables and the tool settings that win over them), the running proxy, the
+port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import config as cfg
+from . import env_checks, local_checks, upstream_checks
+from .check import Check, fail, warn
+from .endpoint import LiveProxy, find_running
+
+
+@dataclass(frozen=True)
+class Options:
+    env: dict[str, str]
+    config_path: Path | None = None
+    upstreams: tuple[str, ...] = ()
+    db: str | None = None
+    port: int | None = None
+    timeout: float = 5.0
+
+
+def upstream_urls(options: Options, config: cfg.ServeConfig | None, live: LiveProxy | None) -> list[str]:
+    """--upstream, else the running proxy's routes, else the config file's."""
+    if options.upstreams:
+        return list(options.upstreams)
+    routes = (live.health.get("routes") if live else None) or []
+    if routes:
+        return sorted({str(r["upstream"]) for r in routes if isinstance(r, dict) and r.get("upstream")})
+    if config is None:
+        return []
+    return sorted({*([config.upstream] if config.upstream else []), *config.routes.values()})
+
+
+def diagnose(options: Options) -> list[Check]:
+    live = find_running()
+    checks: list[Check] = []
+    checks += env_checks.proxy_variables(options.env, live)
+    checks += env_checks.api_keys(options.env)
+    checks += env_checks.base_urls(options.env, live)
+    checks.append(local_checks.running_proxy(live))
+    try:
+        config: cfg.ServeConfig | None = cfg.build(options.config_path, {"db": options.db, "port": options.port})
+    except cfg.ConfigError as exc:
+        config = None
+        checks.append(fail("config file", str(exc), "fix the file, or point --config at another one"))
+    if config is not None:
+        checks.append(local_checks.port(config, live))
+        checks.append(local_checks.database(config.db_path, live))
+    urls = upstream_urls(options, config, live)
+    if not urls:
+        checks.append(warn("upstream", "none configured, so there is nothing to reach",
+                           "give one: llmtap serve --upstream https://api.anthropic.com (or set upstream = "
+                           "\"...\" in ~/.config/llmtap/config.toml), or check one: llmtap doctor --upstream URL"))
+    ca_bundle = config.ca_bundle if config is not None else None
+    for url in urls:
+        checks += upstream_checks.upstream(url, options.env, options.timeout, ca_bundle)
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+def render(checks: list[Check]) -> str:
+    counts = {s: sum(c.status == s for c in checks) for s in ("OK", "WARN", "FAIL")}
+    summary = f"{counts['FAIL']} FAIL, {counts['WARN']} WARN, {counts['OK']} OK"
+    return "\n".join([c.render() for c in checks] + [summary]) + "\n"

@@ -1,0 +1,71 @@
+"""Doctor checks on this machine: the running proxy, its port, its database."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import duckdb
+
+from .. import paths
+from ..config import ServeConfig
+from .check import Check, fail, ok, warn
+from .endpoint import LiveProxy, connect_host, health, read_state
+
+
+def running_proxy(live: LiveProxy | None) -> Check:
+    if live is not None:
+        where = f", recording to {live.db}" if live.db else ", not recording"
+        return ok("llmtap serve", f"running at {live.url} (pid {live.pid}){where}")
+    state = read_state()
+    if state:
+        return warn("llmtap serve", f"{paths.state_path()} names pid {state.get('pid')} on port {state.get('port')}, "
+                    "but no llmtap answers there (it crashed or was killed)",
+                    f"start it again, or remove {paths.state_path()}")
+    return ok("llmtap serve", "not running (start it with llmtap serve, or use llmtap run -- COMMAND)")
+
+
+def port(config: ServeConfig, live: LiveProxy | None) -> Check:
+    subject = f"port {config.port} on {config.host}"
+    if live is not None and live.url.endswith(f":{config.port}"):
+        return ok(subject, "used by the running llmtap serve")
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((config.host, config.port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            if health(f"http://{connect_host(config.host)}:{config.port}", config.admin_token) is not None:
+                return ok(subject, "used by an llmtap proxy (its state file is elsewhere: another LLMTAP_HOME?)")
+            return fail(subject, "in use by another process",
+                        f"stop it, or use another port: llmtap serve --port {config.port + 1}, then\n"
+                        f"llmtap setup TOOL --base-url http://127.0.0.1:{config.port + 1}")
+        return fail(subject, f"cannot listen there: {exc.strerror or exc}",
+                    "use a port above 1023 and a local address (--host 127.0.0.1)")
+    return ok(subject, "free")
+
+
+def database(db_path: Path, live: LiveProxy | None) -> Check:
+    subject = f"database {db_path}"
+    if live is not None and live.db and Path(live.db).expanduser().resolve() == db_path.expanduser().resolve():
+        return ok(subject, f"held by the running llmtap serve (pid {live.pid}); llmtap sql/report query it through it")
+    if not db_path.exists():
+        parent = next((p for p in db_path.parents if p.exists()), None)
+        if parent is not None and os.access(parent, os.W_OK | os.X_OK):
+            return ok(subject, "does not exist yet; it will be created")
+        return fail(subject, f"cannot be created: {parent} is not writable",
+                    "choose another file with --db, or set LLMTAP_HOME to a writable directory")
+    if not os.access(db_path, os.W_OK):
+        return fail(subject, "is not writable by this user", f"fix its permissions (chmod u+w {db_path}) or use --db")
+    try:
+        duckdb.connect(str(db_path)).close()
+    except duckdb.Error as exc:
+        message = str(exc).splitlines()[0]
+        if "lock" in message.lower():
+            return fail(subject, f"locked by another process: {message}",
+                        "stop that process (DuckDB lets one process write a file), or use another --db")
+        return fail(subject, f"cannot be opened: {message}", "move it aside, or use another --db")
+    return ok(subject, "writable")

@@ -1,0 +1,251 @@
+"""`llmtap setup`: the exact configuration printed, and --write merging into each tool's own file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.server import RunningProxy, write_state
+from proxy.simulator.app import Simulator
+from proxy.tools.cli import setup
+from proxy.tools.toml_edit import TomlEditError, set_key_and_table
+
+from .conftest import proxy_config
+
+URL = "http://127.0.0.1:9911"
+
+
+def invoke(home: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    clean = {"HOME": str(home), "CODEX_HOME": None, "CLAUDE_CONFIG_DIR": None, "CLINE_DATA_DIR": None,
+             "CLINE_DIR": None, "CLINE_PROVIDER_SETTINGS_PATH": None}
+    result = CliRunner().invoke(setup, list(args), env={**clean, **(env or {})})
+    return result.exit_code, result.output
+
+
+def backups(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(path.name + ".llmtap-backup-*"))
+
+
+def test_commands_are_registered_on_llmtap() -> None:
+    assert {"setup", "run", "doctor"} <= set(main.commands)
+
+
+def test_claude_code_prints_env_block_without_v1(tmp_path: Path) -> None:
+    code, out = invoke(tmp_path, "claude-code", "--base-url", URL + "/v1")
+    assert code == 0
+    assert out == (
+        f"# {tmp_path}/.claude/settings.json\n"
+        "{\n"
+        '  "env": {\n'
+        f'    "ANTHROPIC_BASE_URL": "{URL}"\n'
+        "  }\n"
+        "}\n"
+        '# merged into the "env" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)\n'
+        "# it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable\n"
+        "# write it there with: llmtap setup claude-code --write\n"
+    )
+    assert not (tmp_path / ".claude").exists()
+
+
+def test_sdks_print_their_variables(tmp_path: Path) -> None:
+    code, out = invoke(tmp_path, "openai-sdk", "--base-url", URL)
+    assert code == 0 and out.splitlines()[0] == f"export OPENAI_BASE_URL={URL}/v1"
+    code, out = invoke(tmp_path, "anthropic-sdk", "--base-url", URL + "/")
+    assert code == 0 and out.splitlines()[0] == f"export ANTHROPIC_BASE_URL={URL}"
+    code, out = invoke(tmp_path, "openai-sdk", "--base-url", URL, "--write")
+    assert code == 1 and "has no config file" in out
+
+
+def test_claude_code_write_merges_backs_up_and_is_idempotent(tmp_path: Path) -> None:
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    old = {"model": "opus", "env": {"FOO": "1", "ANTHROPIC_BASE_URL": "https://elsewhere"},
+           "permissions": {"allow": ["Bash(ls)"]}}
+    settings.write_text(json.dumps(old))
+    code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write")
+    assert code == 0, out
+    [backup] = backups(settings)
+    assert out.splitlines()[-1] == f"wrote {settings} (backup: {backup})"
+    assert json.loads(backup.read_text()) == old
+    assert json.loads(settings.read_text()) == {
+        "model": "opus", "env": {"FOO": "1", "ANTHROPIC_BASE_URL": URL}, "permissions": {"allow": ["Bash(ls)"]}}
+    written = settings.read_bytes()
+    code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write")
+    assert code == 0
+    assert out.splitlines()[-1] == f"{settings} already has this configuration: nothing written"
+    assert settings.read_bytes() == written and len(backups(settings)) == 1
+
+
+def test_claude_config_dir_is_respected(tmp_path: Path) -> None:
+    config_dir = tmp_path / "claude-config"
+    code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write",
+                       env={"CLAUDE_CONFIG_DIR": str(config_dir)})
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"wrote {config_dir / 'settings.json'} (new file)"
+    assert json.loads((config_dir / "settings.json").read_text()) == {"env": {"ANTHROPIC_BASE_URL": URL}}
+
+
+def test_bad_json_is_left_alone(tmp_path: Path) -> None:
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text("{not json")
+    code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write")
+    assert code == 1 and "is not valid JSON" in out
+    assert settings.read_text() == "{not json" and not backups(settings)
+
+
+CODEX_BEFORE = """\
+# my Codex settings
+model = "gpt-5"   # the default
+model_provider = "openai"
+
+[analytics]
+enabled = false
+
+[model_providers.llmtap]
+name = "old name"
+base_url = "http://127.0.0.1:1/v1"
+request_max_retries = 2   # keep me
+
+# profiles below
+[profiles.fast]
+model = "gpt-5-mini"
+"""
+
+CODEX_AFTER = """\
+# my Codex settings
+model = "gpt-5"   # the default
+model_provider = "llmtap"
+
+[analytics]
+enabled = false
+
+[model_providers.llmtap]
+name = "llmtap"
+base_url = "http://127.0.0.1:9911/v1"
+request_max_retries = 2   # keep me
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+
+# profiles below
+[profiles.fast]
+model = "gpt-5-mini"
+"""
+
+
+def test_codex_write_changes_only_its_lines(tmp_path: Path) -> None:
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    config = codex_home / "config.toml"
+    config.write_text(CODEX_BEFORE)
+    config.chmod(0o640)
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write", env={"CODEX_HOME": str(codex_home)})
+    assert code == 0, out
+    assert config.read_text() == CODEX_AFTER
+    assert oct(config.stat().st_mode & 0o777) == "0o640"
+    [backup] = backups(config)
+    assert backup.read_text() == CODEX_BEFORE
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write", env={"CODEX_HOME": str(codex_home)})
+    assert out.splitlines()[-1] == f"{config} already has this configuration: nothing written"
+    assert config.read_text() == CODEX_AFTER and len(backups(config)) == 1
+
+
+def test_codex_new_file_and_printed_snippet_agree(tmp_path: Path) -> None:
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--env-key", "TAP_KEY")
+    snippet = "".join(line + "\n" for line in out.splitlines() if not line.startswith("#"))
+    assert snippet == (
+        'model_provider = "llmtap"\n\n[model_providers.llmtap]\nname = "llmtap"\n'
+        f'base_url = "{URL}/v1"\nenv_key = "TAP_KEY"\nwire_api = "responses"\n'
+    )
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--env-key", "TAP_KEY", "--write")
+    assert code == 0, out
+    assert (tmp_path / ".codex" / "config.toml").read_text() == snippet
+
+
+def test_codex_unusual_form_is_refused_untouched(tmp_path: Path) -> None:
+    config = tmp_path / ".codex" / "config.toml"
+    config.parent.mkdir()
+    text = 'model_providers = { llmtap = { name = "inline" } }\n'
+    config.write_text(text)
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
+    assert code == 1 and "edit it by hand" in out
+    assert config.read_text() == text and not backups(config)
+    config.write_text("model = \n")
+    code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
+    assert code == 1 and "is not valid TOML" in out
+
+
+@pytest.mark.parametrize("text", [
+    "", "# only a comment", "[a]\nx = 1", "# about a\n[a]\nx = [\n  [1, 2],\n]\n",
+    'model_provider = "x"\r\n[model_providers.llmtap]\r\nname = "n"\r\n',
+    "[model_providers.other]\nname = \"o\"\n[model_providers.llmtap]\n",
+])
+def test_toml_edit_keeps_the_document(text: str) -> None:
+    values = {"name": "llmtap", "base_url": "http://h/v1"}
+    result = set_key_and_table(text, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values)
+    expected = tomllib.loads(text)
+    expected["model_provider"] = "llmtap"
+    expected.setdefault("model_providers", {}).setdefault("llmtap", {}).update(values)
+    assert tomllib.loads(result) == expected
+    assert set_key_and_table(result, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values) == result
+    for line in text.splitlines():  # nothing of the old text is lost
+        assert line.strip().startswith(("model_provider", "name")) or line in result
+
+
+def test_toml_edit_refuses_a_dotted_key_definition() -> None:
+    with pytest.raises(TomlEditError):
+        set_key_and_table('model_providers.llmtap.name = "x"\n', {"model_provider": "llmtap"},
+                          ("model_providers", "llmtap"), {"name": "llmtap"})
+
+
+def test_cline_write_keeps_keys_and_models(tmp_path: Path) -> None:
+    data_dir = tmp_path / "cline-data"
+    providers = data_dir / "settings" / "providers.json"
+    providers.parent.mkdir(parents=True)
+    old = {"version": 1, "lastUsedProvider": "openai-compatible", "modes": {}, "providers": {
+        "openai-compatible": {"settings": {"provider": "openai-compatible", "apiKey": "sk-keep", "model": "m",
+                                           "baseUrl": "http://old/v1"},
+                              "updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"},
+        "cline": {"settings": {"provider": "cline"}, "updatedAt": "2026-01-01T00:00:00.000Z"}}}
+    providers.write_text(json.dumps(old))
+    providers.chmod(0o600)
+    code, out = invoke(tmp_path, "cline", "--base-url", URL, "--write", "--data-dir", str(data_dir))
+    assert code == 0, out
+    new = json.loads(providers.read_text())
+    assert new["lastUsedProvider"] == "openai-compatible" and new["providers"]["cline"] == old["providers"]["cline"]
+    compat = new["providers"]["openai-compatible"]
+    assert compat["settings"] == {"provider": "openai-compatible", "apiKey": "sk-keep", "model": "m",
+                                  "baseUrl": URL + "/v1"}
+    assert compat["updatedAt"] != "2026-01-01T00:00:00.000Z" and compat["tokenSource"] == "manual"
+    for name in ("anthropic", "openai-native"):
+        entry = new["providers"][name]
+        assert entry["settings"] == {"provider": name, "baseUrl": URL + "/v1"}
+        assert entry["updatedAt"].endswith("Z") and entry["tokenSource"] == "manual"
+    assert oct(providers.stat().st_mode & 0o777) == "0o600"
+    written = providers.read_bytes()
+    code, out = invoke(tmp_path, "cline", "--base-url", URL, "--write", "--data-dir", str(data_dir))
+    assert "nothing written" in out and providers.read_bytes() == written and len(backups(providers)) == 1
+
+
+def test_cline_data_dir_variable_is_respected(tmp_path: Path) -> None:
+    code, out = invoke(tmp_path, "cline", "--base-url", URL, "--write", env={"CLINE_DATA_DIR": str(tmp_path / "d")})
+    assert code == 0, out
+    assert (tmp_path / "d" / "settings" / "providers.json").exists()
+    code, out = invoke(tmp_path, "cline", "--base-url", URL)
+    assert out.splitlines()[0] == f"# {tmp_path}/.cline/data/settings/providers.json"
+
+
+async def test_default_base_url_is_the_running_proxy(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as proxy:
+        write_state(proxy)
+        code, out = await asyncio.to_thread(invoke, tmp_path, "openai-sdk")
+    assert code == 0
+    assert out.splitlines()[0] == f"export OPENAI_BASE_URL={proxy.url}/v1"
+    code, out = invoke(tmp_path, "openai-sdk")  # serve.json names a proxy that no longer answers
+    assert out.splitlines()[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8787/v1"
