@@ -2,7 +2,9 @@
 
 `proxy.cli` calls `register(group)`. Every command takes `--db` and reads
 through `source.open_source`, so it works whether or not `llmtap serve` is
-running.
+running. `sql`, `report`, `errors` and `export` also take `--from`
+(repeatable), which reads several databases and Parquet exports together
+instead (`multi_source.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .bench.cli import bench
 from .filters import Filters
 from .html_report import render_html
 from .formatting import FORMATS as SQL_FORMATS, render
+from .multi_source import open_sources
 from .source import Source, SourceError, open_source
 from .timewindow import WindowError, parse_time, utc_now
 
@@ -34,6 +37,14 @@ def db_option(f: F) -> F:
         "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), envvar="LLMTAP_DB",
         default=lambda: str(paths.default_db_path()), show_default=False,
         help="DuckDB file (default: $LLMTAP_DB, else ~/.local/share/llmtap/llmtap.duckdb).",
+    )(f)
+
+
+def from_option(f: F) -> F:
+    return click.option(
+        "--from", "sources", multiple=True, metavar="DB|EXPORT",
+        help=("Read these instead of --db, together (repeatable): DuckDB files, `llmtap export`"
+              " directories or globs of them, local or s3://...; a `source` column tells them apart."),
     )(f)
 
 
@@ -82,10 +93,10 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
 
 
 @contextmanager
-def opened(db_path: Path) -> Iterator[Source]:
-    """The source for `db_path`, with its errors turned into click errors."""
+def opened(db_path: Path, sources: tuple[str, ...] = ()) -> Iterator[Source]:
+    """The source for `db_path` (or for the `--from` inputs), with its errors turned into click errors."""
     try:
-        source = open_source(db_path)
+        source = open_sources(sources) if sources else open_source(db_path)
     except SourceError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -114,8 +125,9 @@ def _read_query(query: str | None, file: Path | None) -> str:
 @click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Read the query from this file.")
 @db_option
+@from_option
 @output_options(*SQL_FORMATS)
-def sql(query: str | None, file: Path | None, db_path: Path, fmt: str) -> None:
+def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """Run SQL on the recorded requests.
 
     QUERY, or `-` or nothing to read it from stdin. Views: `requests` (the
@@ -125,7 +137,7 @@ def sql(query: str | None, file: Path | None, db_path: Path, fmt: str) -> None:
     text = _read_query(query, file)
     if not text.strip():
         raise click.UsageError("the query is empty")
-    with opened(db_path) as source:
+    with opened(db_path, sources) as source:
         columns, _, rows = source.query(text)
     click.echo(render(columns, rows, fmt), nl=False)
 
@@ -139,15 +151,17 @@ def sql(query: str | None, file: Path | None, db_path: Path, fmt: str) -> None:
               help="Also write a self-contained HTML report with charts to this file.")
 @filter_options
 @db_option
+@from_option
 @output_options("table", "json", "csv")
-def report(by: str, show_errors: bool, html_path: Path | None, filters: Filters, db_path: Path, fmt: str) -> None:
+def report(by: str, show_errors: bool, html_path: Path | None, filters: Filters, db_path: Path,
+           sources: tuple[str, ...], fmt: str) -> None:
     """Latency, errors and tokens by model, tool, route, ...
 
     Then the 5 slowest requests. Percentiles (DuckDB quantile_cont: linear
     interpolation, like numpy) are over successful requests, TTFT over
     streams only. Days and hours are UTC. csv: the groups only.
     """
-    with opened(db_path) as source:
+    with opened(db_path, sources) as source:
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
         else:
@@ -162,33 +176,37 @@ def report(by: str, show_errors: bool, html_path: Path | None, filters: Filters,
 @click.command()
 @filter_options
 @db_option
+@from_option
 @output_options("table", "json", "csv")
-def errors(filters: Filters, db_path: Path, fmt: str) -> None:
+def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """Failures grouped, with likely causes and fixes.
 
     Groups by outcome, HTTP status and error type; also lists successful
     streams whose chunks had empty `choices`.
     """
-    with opened(db_path) as source:
+    with opened(db_path, sources) as source:
         text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
     click.echo(text, nl=False)
 
 
 @click.command()
 @click.option("--out", "out_dir", required=True, metavar="DIR",
-              type=click.Path(file_okay=False, path_type=Path),
-              help="Write DIR/requests/day=.../ and DIR/chunks/day=.../ here.")
+              help="Write DIR/requests/day=.../ and DIR/chunks/day=.../ here; DIR may be s3://bucket/prefix.")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="parquet", show_default=True,
               help="File format.")
 @click.option("--overwrite", is_flag=True, help="Replace what an earlier export wrote there.")
 @filter_options
 @db_option
-def export(out_dir: Path, fmt: str, overwrite: bool, filters: Filters, db_path: Path) -> None:
+@from_option
+def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: Path,
+           sources: tuple[str, ...]) -> None:
     """Write requests and chunks as Parquet or CSV files.
 
     One directory per UTC day: DIR/requests/day=2026-11-30/, DIR/chunks/...
+    An s3:// DIR is written through DuckDB's httpfs, with credentials from
+    AWS_ACCESS_KEY_ID etc. or DuckDB's persistent secrets.
     """
-    with opened(db_path) as source:
+    with opened(db_path, sources) as source:
         try:
             written = export_tables(source, out_dir, fmt, filters, overwrite)
         except ExportError as exc:

@@ -9,11 +9,18 @@ in-memory DuckDB writes them. Chunks get their day from their request. The
 files hold the table's own columns (not the view's derived ones); `day` is in the
 directory name (`DIR/requests/day=2026-11-30/data_0.parquet`), and readers
 such as DuckDB's `read_parquet(..., hive_partitioning = true)` restore it.
+
+DIR may be an object-storage URL (`s3://bucket/prefix`): DuckDB's httpfs
+writes there (see `remote.py` for credentials). Remote stores cannot be
+emptied first, so there `--overwrite` replaces the files of the days it
+writes and leaves other days' files alone.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +30,7 @@ import orjson
 
 from .filters import Filters, sql_string
 from .formatting import plain
+from .remote import RemoteError, enable_httpfs, is_remote
 from .source import FileSource, Source, SourceError
 from .views import DERIVED_COLUMNS
 
@@ -39,7 +47,7 @@ class ExportError(Exception):
 @dataclass
 class Written:
     table: str
-    directory: Path  # as the user named it
+    directory: Path | str  # as the user named it (a str for a remote URL)
     days: list[tuple[str, int]]  # (day, rows), in day order
 
     @property
@@ -58,12 +66,12 @@ def select_sql(table: str, filters: Filters) -> str:
     )
 
 
-def copy_sql(select: str, target: Path, fmt: str, overwrite: bool) -> str:
+def copy_sql(select: str, target: Path | str, fmt: str, overwrite: bool) -> str:
     options = [f"FORMAT {fmt}", "PARTITION_BY (day)"]
     if fmt == "csv":
         options.append("HEADER true")
-    if overwrite:
-        options.append("OVERWRITE true")
+    if overwrite:  # OVERWRITE empties the directory first, which remote stores cannot do
+        options.append("OVERWRITE_OR_IGNORE true" if is_remote(str(target)) else "OVERWRITE true")
     return f"COPY ({select}) TO {sql_string(str(target))} ({', '.join(options)})"
 
 
@@ -101,8 +109,8 @@ def spool_pages(source: Source, table: str, filters: Filters, spool: Path,
             after = last
 
 
-def copy_through(source: Source, table: str, filters: Filters, target: Path, fmt: str,
-                 overwrite: bool, page_rows: int = PAGE_ROWS) -> None:
+def copy_through(source: Source, table: str, filters: Filters, target: Path | str, fmt: str,
+                 overwrite: bool, page_rows: int = PAGE_ROWS, env: Mapping[str, str] | None = None) -> None:
     """COPY from a source that only answers SELECTs: fetch, spool, write here."""
     with tempfile.TemporaryDirectory(prefix="llmtap-export-") as tmp:
         spool = Path(tmp) / f"{table}.ndjson"
@@ -111,6 +119,8 @@ def copy_through(source: Source, table: str, filters: Filters, target: Path, fmt
         select = (f"SELECT * FROM read_json({sql_string(str(spool))}, format = 'newline_delimited',"
                   f" columns = {{{spec}}})")
         with duckdb.connect() as con:
+            if is_remote(str(target)):
+                enable_httpfs(con, os.environ if env is None else env)
             con.execute(copy_sql(select, target, fmt, overwrite))
 
 
@@ -133,12 +143,19 @@ def count_written(directory: Path, fmt: str) -> list[tuple[str, int]]:
 
 
 def export(
-    source: Source, out_dir: Path, fmt: str, filters: Filters, overwrite: bool = False,
-    page_rows: int = PAGE_ROWS,
+    source: Source, out_dir: Path | str, fmt: str, filters: Filters, overwrite: bool = False,
+    page_rows: int = PAGE_ROWS, env: Mapping[str, str] | None = None,
 ) -> list[Written]:
     """Write both tables under `out_dir`; refuse to touch non-empty directories unless `overwrite`."""
     if fmt not in FORMATS:
         raise ExportError(f"cannot export as {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if is_remote(str(out_dir)):
+        try:
+            return export_remote(source, str(out_dir), fmt, filters, overwrite, page_rows,
+                                 os.environ if env is None else env)
+        except RemoteError as exc:
+            raise ExportError(str(exc)) from None
+    out_dir = Path(out_dir)
     targets = {table: out_dir / table for table in TABLES}
     if not overwrite:
         taken = [str(d) for d in targets.values() if _not_empty(d)]
@@ -157,6 +174,46 @@ def export(
             raise ExportError(f"cannot export {table}: {exc}") from None
         written.append(Written(table, directory, count_written(directory, fmt)))
     return written
+
+
+def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrite: bool, page_rows: int,
+                  env: Mapping[str, str]) -> list[Written]:
+    """`export` to object storage: the same layout, written and counted through httpfs."""
+    targets = {table: f"{url.rstrip('/')}/{table}" for table in TABLES}
+    with duckdb.connect() as con:
+        enable_httpfs(con, env)
+        if not overwrite:
+            taken = [t for t in targets.values() if _remote_files(con, t, "*")]
+            if taken:
+                raise ExportError(f"{' and '.join(taken)} already hold files: pass --overwrite to replace them")
+        written = []
+        for table, target in targets.items():
+            try:
+                if isinstance(source, FileSource):
+                    enable_httpfs(source.con, env)
+                    source.query(copy_sql(select_sql(table, filters), target, fmt, overwrite))
+                else:
+                    copy_through(source, table, filters, target, fmt, overwrite, page_rows, env)
+                days = _count_remote(con, target, fmt)
+            except (SourceError, duckdb.Error) as exc:
+                raise ExportError(f"cannot export {table}: {exc}") from None
+            written.append(Written(table, target, days))
+    return written
+
+
+def _remote_files(con: duckdb.DuckDBPyConnection, directory: str, ext: str) -> int:
+    pattern = sql_string(f"{directory}/*/*.{ext}")
+    return con.execute(f"SELECT count(*) FROM glob({pattern})").fetchone()[0]
+
+
+def _count_remote(con: duckdb.DuckDBPyConnection, directory: str, fmt: str) -> list[tuple[str, int]]:
+    if not _remote_files(con, directory, fmt):
+        return []
+    reader = "read_parquet" if fmt == "parquet" else "read_csv"
+    rows = con.execute(
+        f"SELECT CAST(day AS VARCHAR), count(*) FROM {reader}({sql_string(f'{directory}/*/*.{fmt}')},"
+        " hive_partitioning = true) GROUP BY 1 ORDER BY 1").fetchall()
+    return [(day, int(n)) for day, n in rows]
 
 
 def summary(written: list[Written], fmt: str) -> str:

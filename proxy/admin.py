@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from . import live
 from .relay_state import STATE, ProxyState
 
 TOKEN_HEADER = "X-Llmtap-Admin-Token"
@@ -46,6 +47,8 @@ async def handle(request: web.Request, name: str) -> web.Response:
         return _json({"error": "the llmtap admin endpoint needs a loopback peer or the admin token"}, 403)
     if name == "health" and request.method == "GET":
         return _json(health(state))
+    if name == "live" and request.method == "GET":
+        return await live.stream(request, state)  # type: ignore[return-value]
     if name == "sql" and request.method == "POST":
         return await sql(request, state)
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)

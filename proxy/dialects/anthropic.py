@@ -34,6 +34,7 @@ _FIELDS = {
 @dataclass(slots=True)
 class Anthropic(Dialect):
     name: ClassVar[str] = "anthropic"
+    strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
     # The raw counts as last reported, before summing into `usage`.
     raw_usage: dict[str, int] = field(default_factory=dict, repr=False)
@@ -49,17 +50,8 @@ class Anthropic(Dialect):
             self.note_exception("event", exc)
         return None
 
-    def on_body(self, body: bytes) -> None:
-        obj = self.load_body(body)
-        if obj is None:
-            return
-        try:
-            if obj.get("error"):
-                self.note_error(obj["error"])
-                return
-            self._message(obj)
-        except Exception as exc:
-            self.note_exception("body", exc)
+    def read_body(self, obj: Any) -> None:
+        self._message(obj)
 
     def _message_event(self, kind: str | None, obj: dict[str, Any]) -> None:
         if kind == "message_start":

@@ -79,22 +79,26 @@ class Dialect:
         """One complete SSE event (data lines joined) or WebSocket text frame."""
         return None
 
-    def on_body(self, body: bytes) -> None:
-        """The whole body of a non-streaming JSON response.
+    # The generic dialect claims no format: a body that is not JSON is no parse error for it.
+    strict_json: ClassVar[bool] = False
 
-        The generic dialect claims no format, so a body that is not JSON is not
-        a parse error here; it only picks up the error of an OpenAI-, Anthropic-
-        or Gemini-shaped error body, so that error rows say what happened.
-        """
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
+    def on_body(self, body: bytes) -> None:
+        """The whole body of a non-streaming JSON response: an OpenAI-, Anthropic- or
+        Gemini-shaped error body sets the error; anything else goes to `read_body`."""
+        obj = self.load_body(body)
+        if obj is None:
             return
-        self.terminal = True
-        if type(obj) is list and obj:  # Gemini wraps errors in an array
-            obj = obj[0]
-        if type(obj) is dict and obj.get("error"):
-            self.note_error(obj["error"])
+        error = obj[0] if type(obj) is list and obj and type(obj[0]) is dict else obj  # Gemini wraps errors in an array
+        try:
+            if type(error) is dict and error.get("error"):
+                self.note_error(error["error"])
+            else:
+                self.read_body(obj)
+        except Exception as exc:
+            self.note_exception("body", exc)
+
+    def read_body(self, obj: Any) -> None:
+        """A parsed non-streaming body that is not an error (each API reads its own)."""
 
     def note_parse_error(self, message: str) -> None:
         self.parse_errors += 1
@@ -121,7 +125,8 @@ class Dialect:
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            self.note_exception("body", exc)
+            if self.strict_json:
+                self.note_exception("body", exc)
             return None
         self.terminal = True
         return obj

@@ -21,6 +21,7 @@ _RANK = {"text": 0, "tool_args": 1, "reasoning": 2}
 @dataclass(slots=True)
 class Gemini(Dialect):
     name: ClassVar[str] = "gemini"
+    strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = False
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
@@ -30,16 +31,10 @@ class Gemini(Dialect):
             self.note_exception("event", exc)
             return None
 
-    def on_body(self, body: bytes) -> None:
+    def read_body(self, obj: Any) -> None:
         """One response, or the JSON array a stream is without `alt=sse`."""
-        obj = self.load_body(body)
-        if obj is None:
-            return
-        try:
-            for response in obj if type(obj) is list else (obj,):
-                self._response(response)
-        except Exception as exc:
-            self.note_exception("body", exc)
+        for response in obj if type(obj) is list else (obj,):
+            self._response(response)
 
     def _response(self, obj: dict[str, Any]) -> Delta | None:
         if obj.get("error"):

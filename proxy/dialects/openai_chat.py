@@ -24,6 +24,7 @@ _RANK = {"text": 0, "refusal": 1, "tool_args": 2, "reasoning": 3}
 @dataclass(slots=True)
 class OpenAIChat(Dialect):
     name: ClassVar[str] = "openai_chat"
+    strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
@@ -36,17 +37,8 @@ class OpenAIChat(Dialect):
             self.note_exception("event", exc)
             return None
 
-    def on_body(self, body: bytes) -> None:
-        obj = self.load_body(body)
-        if obj is None:
-            return
-        try:
-            if obj.get("error"):
-                self.note_error(obj["error"])
-                return
-            self._common(obj)
-        except Exception as exc:
-            self.note_exception("body", exc)
+    def read_body(self, obj: Any) -> None:
+        self._common(obj)
 
     def _chunk(self, obj: dict[str, Any]) -> Delta | None:
         if obj.get("error"):

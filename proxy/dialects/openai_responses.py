@@ -37,6 +37,7 @@ _STARTED = frozenset({"response.created", "response.in_progress", "response.queu
 @dataclass(slots=True)
 class OpenAIResponses(Dialect):
     name: ClassVar[str] = "openai_responses"
+    strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
@@ -52,15 +53,9 @@ class OpenAIResponses(Dialect):
             self.note_exception("event", exc)
         return None
 
-    def on_body(self, body: bytes) -> None:
-        """A Response object, a compact response (`/responses/compact`) or an error."""
-        obj = self.load_body(body)
-        if obj is None:
-            return
-        try:
-            self._response(obj, final=True)
-        except Exception as exc:
-            self.note_exception("body", exc)
+    def read_body(self, obj: Any) -> None:
+        """A Response object or a compact response (`/responses/compact`)."""
+        self._response(obj, final=True)
 
     def _structural(self, kind: str | None, obj: dict[str, Any]) -> None:
         if kind in _TERMINAL:

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
-from .endpoint import base_urls, find_running, strip_v1, DEFAULT_URL
+from .endpoint import DEFAULT_URL, base_urls, find_running, strip_v1
+from .setup import TOOLS
 
 
 @click.command()
-@click.argument("tool", type=click.Choice(["claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk"]))
+@click.argument("tool", type=click.Choice(TOOLS))
 @click.option("--base-url", metavar="URL",
               help="The proxy's address (default: the running proxy, else http://127.0.0.1:8787).")
 @click.option("--write", is_flag=True, help="Merge it into the tool's config file (after a timestamped backup).")
@@ -22,9 +23,10 @@ from .endpoint import base_urls, find_running, strip_v1, DEFAULT_URL
               help="Cline's --data-dir (default: $CLINE_DATA_DIR, else ~/.cline/data).")
 def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
           cline_data_dir: Path | None) -> None:
-    """Print (or --write) the configuration that points TOOL at llmtap."""
+    """Print (or --write) the config that points TOOL at llmtap."""
     from . import config_files
-    from .setup import Locations, SetupError, plan, write as write_config
+    from .setup import Locations, SetupError, plan
+    from .setup import write as write_config
 
     if base_url:
         urls = base_urls(strip_v1(base_url))
@@ -64,11 +66,14 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_path: Path | None,
         db: str | None, port: int | None, verbose: bool) -> None:
-    """Run COMMAND with its requests going through llmtap, then print their summary.
+    """Run COMMAND through llmtap, then summarize its requests.
 
     Uses the running `llmtap serve`, else starts a proxy for the command's
-    duration. Exits with the command's exit code. Example:
-    llmtap run --tag try1 -- claude -p "say hi"
+    duration. Exits with the command's exit code. Examples:
+
+    \b
+      llmtap run --tag try1 -- claude -p "say hi"
+      llmtap run --upstream https://api.openai.com -- codex exec "say hi"
     """
     from .run import RunError, execute
 
@@ -96,7 +101,10 @@ def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_
               help="Seconds for each network step.")
 def doctor(upstreams: tuple[str, ...], config_path: Path | None, db: str | None, port: int | None,
            timeout: float) -> None:
-    """Check proxies, keys, base URLs, port, database and upstream; exit 1 on any FAIL."""
+    """Check proxies, keys, base URLs, port, database, upstream.
+
+    Prints OK, WARN or FAIL with the fix for each; exits 1 on any FAIL.
+    """
     import os
 
     from .doctor import Options, diagnose, exit_code, render

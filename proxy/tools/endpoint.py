@@ -9,7 +9,6 @@ SDKs, Codex) and both of Cline's providers append only `/chat/completions`,
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -134,11 +133,3 @@ def base_urls(proxy_url: str, prefixes: list[str] | None = None, tag: str | None
 def strip_v1(url: str) -> str:
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def proxy_env_names() -> tuple[str, ...]:
-    return ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-
-
-def environ() -> dict[str, str]:
-    return dict(os.environ)

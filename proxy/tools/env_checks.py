@@ -62,8 +62,8 @@ def proxy_variables(env: dict[str, str], live: LiveProxy | None) -> list[Check]:
         elif not reach.is_loopback(host):
             checks.append(ok(shown, "a remote proxy (not checked)"))
         elif live is not None and _same_port(live.url, port):
-            checks.append(fail(shown, "points at llmtap, which is a reverse proxy: clients would send it CONNECT, "
-                               "which it refuses", f"unset {name}; point each tool at llmtap with its base URL "
+            checks.append(fail(shown, "points at llmtap, which is a reverse proxy, not an HTTP proxy: "
+                               "requests sent through it fail", f"unset {name}; point each tool at llmtap with its base URL "
                                "(llmtap setup TOOL)"))
         elif not reach.listening(host, port):
             checks.append(fail(shown, f"nothing listens on {host}:{port}, so every request through it fails",
@@ -106,8 +106,8 @@ def api_keys(env: dict[str, str]) -> list[Check]:
 
 def _key(name: str, value: str) -> Check:
     stripped = value.strip()
-    print_fp = key_fingerprint({"x-api-key": value}) or "-"
-    subject = f"{name} ({len(value)} chars, {print_fp})"
+    fp = key_fingerprint({"x-api-key": value}) or "-"
+    subject = f"{name} ({len(value)} chars, {fp})"
     clean = f'export {name}="$(printf %s "${name}" | tr -d \'[:space:]\')"'
     if not stripped:
         return warn(subject, "set but empty: clients send an empty key", f"unset {name}, or set the key")
@@ -178,7 +178,7 @@ def _tool_files(env: dict[str, str]) -> list[tuple[str, str, bool]]:
 def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) -> Check:
     subject = f"{label}={value.strip()}"
     if value != value.strip():
-        return fail(subject, "has whitespace around it", f"set it again without spaces or a newline")
+        return fail(subject, "has whitespace around it", "set it again without spaces or a newline")
     parts = urllib.parse.urlsplit(value.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return fail(subject, "is not an http:// or https:// URL", "set it to the proxy's URL, e.g. http://127.0.0.1:8787")

@@ -168,7 +168,7 @@ class Outcome:
 def own_config(config_path: Path | None, upstream: str | None, db: str | None, port: int | None, tag: str,
                verbose: bool) -> cfg.ServeConfig:
     overrides: dict[str, Any] = {"upstream": upstream, "db": db, "port": port, "tag": tag, "host": "127.0.0.1",
-                                 "quiet": not verbose, "allow_remote": None, "routes": None}
+                                 "quiet": not verbose}
     try:
         config = cfg.build(config_path, overrides)
         config.route_table()
