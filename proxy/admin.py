@@ -60,6 +60,8 @@ def health(state: ProxyState) -> dict[str, Any]:
         "ok": True,
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,
+        "url_tags": True,  # /_tag/<tag>/ base URLs are understood
+        "routes": [{"prefix": r.label, "upstream": str(r.upstream)} for r in state.routes.routes],
         "event_loop_lag": state.loop_lag.summary(),
         "store": store.stats() if store is not None else None,
     }

@@ -53,7 +53,9 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CA bundle for TLS to the upstream.")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow listening on a non-loopback address.")
-@click.option("--admin-token", help="Token required by the /_llmtap/ admin endpoint.")
+@click.option("--admin-token", help="Token required by the /_llmtap/ admin endpoint (required with --allow-remote).")
+@click.option("--capture-bodies", is_flag=True, default=None, help="Store request and response bodies (decoded, secrets redacted) in the bodies table.")
+@click.option("--capture-max-kb", type=click.IntRange(min=0), help="Keep at most this many KiB of each captured body (default 256).")
 @click.option("--upstream-key-env", metavar="VAR", help="Replace the client's credential on the default route with the key in $VAR.")
 @click.option("--route-key-env", "route_key_specs", multiple=True, metavar="PREFIX=VAR", help="The same for one route prefix. Repeatable.")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration as TOML and exit.")
@@ -84,6 +86,9 @@ def _register() -> None:
     from .simulator.cli import mock_upstream
 
     main.add_command(mock_upstream)
+    from .tools.cli import register as register_tools
+
+    register_tools(main)
     try:
         from analysis.cli import register
     except ImportError as exc:  # pragma: no cover - analysis is part of the package

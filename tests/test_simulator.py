@@ -381,3 +381,17 @@ def test_cli_help_lists_every_option() -> None:
                    "--error-status", "--stream-error", "--disconnect-after", "--gzip", "--cache-read-tokens",
                    "--prefill-us-per-token", "--capacity", "--model"):
         assert option in result.output
+
+
+async def test_websocket_prewarm_generates_nothing() -> None:
+    """Codex sends `generate: false` first on its WebSocket; the real API answers without output."""
+    async with Simulator(SimConfig(ttft_ms=5, itl_ms=1, tokens=5)) as sim:
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(sim.url + "/v1/responses") as ws:
+                await ws.send_json({"type": "response.create", "model": "m", "input": "hi", "generate": False})
+                kinds: list[str] = []
+                while not kinds or kinds[-1] != "response.completed":
+                    event = await ws.receive_json(timeout=5)
+                    kinds.append(event["type"])
+    assert "response.output_text.delta" not in kinds
+    assert event["response"]["usage"]["output_tokens"] == 0

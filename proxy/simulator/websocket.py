@@ -8,6 +8,7 @@ headers of the handshake apply to every response on the connection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import orjson
@@ -41,6 +42,8 @@ def _request_body(data: str) -> dict[str, Any] | str:
 async def _respond(request: web.Request, ws: web.WebSocketResponse, config: SimConfig, body: dict[str, Any]) -> bool:
     """Stream one response; False when the connection was dropped."""
     state: SimState = request.app[STATE]
+    if body.get("generate") is False:  # Codex's prewarm: the real API answers it without output
+        config = dataclasses.replace(config, tokens=0, reasoning_tokens=0, tool_call=False, ttft_ms=0)
     ex = Exchange("openai", config, body, asyncio.get_running_loop().time())
     plan(ex)
 
