@@ -113,6 +113,13 @@ def test_the_same_database_twice_is_read_once(data: Path) -> None:
     assert sql_json("SELECT count(*) AS n FROM requests", a, a) == [{"n": 4}]
 
 
+def test_a_glob_of_database_files(data: Path) -> None:
+    found = sql_json("SELECT source, count(*) AS n FROM requests GROUP BY 1 ORDER BY 1", f"{data}/gw-*.duckdb")
+    assert found == [{"source": str(data / "gw-a.duckdb"), "n": 4}, {"source": str(data / "gw-b.duckdb"), "n": 2}]
+    nothing = run("sql", "--from", f"{data}/none-*.duckdb", "SELECT 1")
+    assert nothing.exit_code == 1 and "no database files match" in nothing.output
+
+
 def test_local_sources_do_not_load_httpfs(data: Path) -> None:
     source = open_sources([str(data / "gw-a.duckdb"), str(data / "exports/c")])
     try:

@@ -1,0 +1,241 @@
+"""OpenTelemetry export: one CLIENT span and the GenAI client metrics per finished request.
+
+Optional: it needs the `otel` extra (`pip install 'llmtap[otel]'`) and is off
+unless an OTLP endpoint is configured (`otel_endpoint`, the collector's base
+URL such as `http://otel-collector:4318`; spans go to `/v1/traces` and
+metrics to `/v1/metrics` under it, over OTLP/HTTP protobuf).
+
+`OtelExporter.observe(row)` is a `ProxyState` listener. It runs on the event
+loop, so it only builds a span and records histogram points in memory; the
+SDK's batch span processor and periodic metric reader send them from their
+own threads. Attributes follow the GenAI semantic conventions
+(docs/gen-ai in open-telemetry/semantic-conventions): the span is named
+`"{gen_ai.operation.name} {gen_ai.request.model}"`, starts at `started_at`
+and lasts `e2e_ms`. Requests that are not generations (dialect `generic`,
+e.g. `GET /v1/models`) get a plain HTTP client span named after the method
+and no GenAI metrics. `gen_ai.provider.name` comes from the dialect (an
+OpenAI-compatible local server is reported as `openai`). Like the Prometheus
+metrics, `time_per_output_chunk` gets one sample per request (its TPOT), and
+token usage has an extra `gen_ai.token.type` = `cache_read` (an llmtap
+extension) beside `input` and `output`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import unquote
+
+try:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:  # the `otel` extra is not installed
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
+
+from .metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TOKEN_TYPES
+
+INSTRUMENTATION = "llmtap"
+OPERATION = {"openai_chat": "chat", "openai_responses": "chat", "anthropic": "chat", "gemini": "generate_content"}
+PROVIDER = {"openai_chat": "openai", "openai_responses": "openai", "anthropic": "anthropic",
+            "gemini": "gcp.gemini"}
+OPENAI_API_TYPE = {"openai_chat": "chat_completions", "openai_responses": "responses"}
+USAGE = (
+    ("gen_ai.usage.input_tokens", "input_tokens"),
+    ("gen_ai.usage.output_tokens", "output_tokens"),
+    ("gen_ai.usage.cache_read.input_tokens", "cache_read_tokens"),
+    ("gen_ai.usage.cache_creation.input_tokens", "cache_creation_tokens"),
+    ("gen_ai.usage.reasoning.output_tokens", "reasoning_tokens"),
+)
+
+
+class OtelUnavailable(RuntimeError):
+    """OpenTelemetry export was asked for but the `otel` extra is not installed."""
+
+
+@dataclass(frozen=True)
+class OtelSettings:
+    endpoint: str  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318
+    headers: Mapping[str, str] = field(default_factory=dict)
+    service_name: str = "llmtap"
+    export_interval_s: float = 10.0
+
+    @classmethod
+    def from_config(cls, config: Any) -> "OtelSettings | None":
+        """From ServeConfig's otel_* settings; None (export off) when no endpoint is set."""
+        endpoint = getattr(config, "otel_endpoint", None)
+        if not endpoint:
+            return None
+        return cls(endpoint=endpoint.rstrip("/"), headers=parse_headers(getattr(config, "otel_headers", None)),
+                   service_name=getattr(config, "otel_service_name", None) or "llmtap")
+
+
+def parse_headers(value: str | Mapping[str, str] | None) -> dict[str, str]:
+    """`key=value,key2=value2` (the OTEL_EXPORTER_OTLP_HEADERS form), or a mapping as is."""
+    if not value:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    pairs = (item.split("=", 1) for item in value.split(",") if "=" in item)
+    return {unquote(k.strip()): unquote(v.strip()) for k, v in pairs}
+
+
+def available() -> bool:
+    return _MISSING is None
+
+
+def _require() -> None:
+    if _MISSING is not None:
+        raise OtelUnavailable(
+            f"OpenTelemetry export needs the otel extra: pip install 'llmtap[otel]' ({_MISSING})")
+
+
+def operation(row: Mapping[str, Any]) -> str | None:
+    return OPERATION.get(row.get("dialect") or "")
+
+
+def error_type(row: Mapping[str, Any]) -> str | None:
+    outcome = row.get("outcome")
+    if outcome in (None, "ok"):
+        return None
+    return row.get("error_type") or outcome
+
+
+def metric_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes the GenAI client metrics are recorded with (low cardinality)."""
+    dialect = row.get("dialect") or ""
+    return _present({
+        "gen_ai.operation.name": OPERATION.get(dialect),
+        "gen_ai.provider.name": PROVIDER.get(dialect),
+        "gen_ai.request.model": row.get("request_model"),
+        "gen_ai.response.model": row.get("response_model"),
+        "server.address": row.get("upstream_host"),
+        "error.type": error_type(row),
+    })
+
+
+def span_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
+    attributes = metric_attributes(row)
+    ttft = row.get("ttft_ms")
+    finish = row.get("finish_reason")
+    attributes.update(_present({
+        "gen_ai.request.stream": row.get("stream"),
+        **{name: row.get(column) for name, column in USAGE},
+        "gen_ai.response.time_to_first_chunk": ttft / 1000.0 if ttft is not None else None,
+        "gen_ai.response.finish_reasons": [finish] if finish else None,
+        "openai.api.type": OPENAI_API_TYPE.get(row.get("dialect") or ""),
+        "http.request.method": row.get("method"),
+        "http.response.status_code": row.get("status"),
+        "url.path": row.get("path"),
+        "llmtap.request.id": row.get("id"),
+        "llmtap.route": row.get("route"),
+        "llmtap.tool": row.get("tool"),
+        "llmtap.tag": row.get("tag"),
+        "llmtap.outcome": row.get("outcome"),
+    }))
+    return attributes
+
+
+def span_name(row: Mapping[str, Any]) -> str:
+    name = operation(row)
+    if name is None:
+        return str(row.get("method") or "HTTP")
+    model = row.get("request_model")
+    return f"{name} {model}" if model else name
+
+
+def span_times(row: Mapping[str, Any]) -> tuple[int, int]:
+    """Start and end in ns since the epoch: `started_at`, plus `e2e_ms`."""
+    started: datetime | None = row.get("started_at")
+    duration_ns = int((row.get("e2e_ms") or 0.0) * 1_000_000)
+    if started is None:
+        end = time.time_ns()
+        return end - duration_ns, end
+    start = int(started.timestamp()) * 1_000_000_000 + started.microsecond * 1000
+    return start, start + duration_ns
+
+
+def _present(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None and v != ""}
+
+
+class OtelExporter:
+    """Spans and GenAI metrics from finished rows, through the given SDK providers."""
+
+    def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
+        _require()
+        self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
+        self.tracer = tracer_provider.get_tracer(INSTRUMENTATION)
+        meter = meter_provider.get_meter(INSTRUMENTATION)
+        seconds = {"unit": "s", "explicit_bucket_boundaries_advisory": DURATION_BUCKETS}
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", description="GenAI operation duration (e2e).", **seconds)
+        self.ttft = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk", description="Time to the first chunk (streams).",
+            **seconds)
+        self.tpot = meter.create_histogram(
+            "gen_ai.client.operation.time_per_output_chunk",
+            description="Per-request time per output token (one sample per request).", **seconds)
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}", description="Tokens used, by gen_ai.token.type.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+        self.errors = 0
+
+    @classmethod
+    def from_settings(cls, settings: OtelSettings) -> "OtelExporter":
+        """OTLP/HTTP exporters for spans (batched) and metrics (every export_interval_s)."""
+        _require()
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        resource = Resource.create({"service.name": settings.service_name})
+        headers = dict(settings.headers)
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=f"{settings.endpoint}/v1/traces", headers=headers)))
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"{settings.endpoint}/v1/metrics", headers=headers),
+            export_interval_millis=settings.export_interval_s * 1000)
+        return cls(tracer_provider, MeterProvider(resource=resource, metric_readers=[reader]))
+
+    def observe(self, row: Mapping[str, Any]) -> None:
+        """One span, and the metric points of a generation. Never raises."""
+        try:
+            self._span(row)
+            if operation(row) is not None:
+                self._metrics(row)
+        except Exception:
+            self.errors += 1
+
+    def _span(self, row: Mapping[str, Any]) -> None:
+        start, end = span_times(row)
+        span = self.tracer.start_span(span_name(row), kind=SpanKind.CLIENT, start_time=start,
+                                      attributes=span_attributes(row))
+        if error_type(row) is not None:
+            span.set_status(Status(StatusCode.ERROR, (row.get("error_message") or row.get("outcome") or "")[:500]))
+        span.end(end_time=end)
+
+    def _metrics(self, row: Mapping[str, Any]) -> None:
+        attributes = metric_attributes(row)
+        if row.get("e2e_ms") is not None:
+            self.duration.record(row["e2e_ms"] / 1000.0, attributes)
+        if row.get("stream") and row.get("ttft_ms") is not None:
+            self.ttft.record(row["ttft_ms"] / 1000.0, attributes)
+        if row.get("tpot_ms") is not None:
+            self.tpot.record(row["tpot_ms"] / 1000.0, attributes)
+        for token_type, column in TOKEN_TYPES:
+            if row.get(column) is not None:
+                self.tokens.record(row[column], {**attributes, "gen_ai.token.type": token_type})
+
+    def shutdown(self) -> None:
+        """Flush and stop; blocks on the network, so call it off the event loop."""
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
