@@ -22,6 +22,7 @@ from proxy import paths
 from . import error_report, report as report_mod
 from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
 from .bench.cli import bench
+from .top.cli import top
 from .filters import Filters
 from .html_report import render_html
 from .formatting import FORMATS as SQL_FORMATS, render
@@ -245,7 +246,7 @@ def demo(db_path: Path | None) -> None:
                f"  llmtap serve --upstream https://api.anthropic.com   # then point a real tool at it\n")
 
 
-COMMANDS = (sql, report, errors, export, demo, bench)
+COMMANDS = (sql, report, errors, export, demo, bench, top)
 
 
 def register(group: click.Group) -> None:

@@ -68,8 +68,45 @@ BLOCKS: tuple[Block, ...] = (
     ),
 )
 
+# --by session adds what one agent session cost: time waiting for first tokens, and its wall time
+# (first request's start to last request's end). TTFT total: every request where known.
+SESSION_TERMS: tuple[str, ...] = (
+    "sum(ttft_ms) AS ttft_total_ms",
+    "quantile_cont(ttft_ms, 0.95) FILTER (WHERE NOT error AND stream) AS ttft_p95_ms",
+    "epoch(max(started_at + to_milliseconds(coalesce(e2e_ms, 0)))) - epoch(min(started_at)) AS wall_s",
+)
+SESSION_METRICS: tuple[str, ...] = tuple(term.rsplit(" AS ", 1)[1] for term in SESSION_TERMS)
+
+
+def fmt_wall(seconds: float | None) -> str:
+    """42.5 -> '42.5s', 754 -> '12m34s', 5400 -> '1h30m'."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+SESSION_BLOCK: Block = (
+    ("requests", "", "reqs", str),
+    ("ttft_total_ms", "TTFT", "total", fmt_ms),
+    ("ttft_p95_ms", "TTFT", "p95", fmt_ms),
+    ("wall_s", "", "wall", fmt_wall),
+)
+
+
+def blocks_for(by: str) -> tuple[Block, ...]:
+    return BLOCKS + (SESSION_BLOCK,) if by == "session" else BLOCKS
+
+
+def metrics_for(by: str) -> tuple[str, ...]:
+    return ROLLUP_METRICS + SESSION_METRICS if by == "session" else ROLLUP_METRICS
+
+
 # Rounding for json and csv: ms to 0.1, percentages to 0.01, shares to 1e-4.
-ROUNDING = {"error_pct": 2, "output_tokens_per_s_p50": 1, "cache_read_share": 4}
+ROUNDING = {"error_pct": 2, "output_tokens_per_s_p50": 1, "cache_read_share": 4, "wall_s": 3}
 FOOTNOTE = "Percentiles: successful requests only (TTFT: streams). Slowest: any outcome."
 
 
@@ -84,10 +121,11 @@ class Report:
 
 
 def group_stats(source: Source, by: str, filters: Filters) -> list[dict[str, Any]]:
-    """One dict per group: the group label under `by`, then ROLLUP_METRICS (raw values)."""
+    """One dict per group: the group label under `by`, then `metrics_for(by)` (raw values)."""
     order = "1" if by in CHRONOLOGICAL else "requests DESC, 1 NULLS LAST"
+    terms = ",\n  ".join((ROLLUP_SQL, *SESSION_TERMS)) if by == "session" else ROLLUP_SQL
     columns, _, rows = source.query(
-        f"SELECT {GROUPINGS[by]} AS {by},\n  {ROLLUP_SQL}\n"
+        f"SELECT {GROUPINGS[by]} AS {by},\n  {terms}\n"
         f"FROM requests WHERE {filters.where()} GROUP BY 1 ORDER BY {order}"
     )
     return [dict(zip(columns, row)) for row in rows]
@@ -140,8 +178,8 @@ def _label_width(report: Report, blocks: list[tuple[Block, list[list[str]]]]) ->
 
 
 def _block_tables(report: Report) -> list[str]:
-    """The metrics in two tables that repeat the (same width) group column."""
-    blocks = [(block, _block_cells(report, block)) for block in BLOCKS]
+    """The metrics in two tables (three by session) that repeat the (same width) group column."""
+    blocks = [(block, _block_cells(report, block)) for block in blocks_for(report.by)]
     width = _label_width(report, blocks)
     labels = [truncate(_label(g[report.by]), width) for g in report.groups]
     return [
@@ -209,7 +247,7 @@ def to_csv(report: Report) -> str:
     """The group rows only (the slowest requests are in the json and table output)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    columns = [report.by, *ROLLUP_METRICS]
+    columns = [report.by, *metrics_for(report.by)]
     writer.writerow(columns)
     for g in report.groups:
         row = _rounded_row(g)

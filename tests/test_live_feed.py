@@ -107,7 +107,7 @@ async def test_feed_exists_only_while_viewers_are_connected(proxy: RunningProxy)
     # rows that finish with nobody watching are not collected anywhere
     async with aiohttp.ClientSession() as s:
         await claude_stream(s, proxy.url, "unwatched", tokens=3, itl_ms=1, ttft_ms=1)
-    assert not feed.finished and proxy.state.listeners == []
+    assert not feed.finished and feeds(proxy) == []
 
 
 def test_viewer_queue_is_bounded_and_counts_what_it_drops() -> None:
@@ -122,23 +122,27 @@ def test_viewer_queue_is_bounded_and_counts_what_it_drops() -> None:
 
 async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator, tmp_path: Path) -> None:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        feed = LiveFeed(p.state, tick_s=0.002)  # the real feed, ticking fast to fill the socket quickly
+        feed = LiveFeed(p.state, tick_s=0.005)  # the real feed, ticking fast to fill the socket quickly
         p.state.listeners.append(feed)
         async with aiohttp.ClientSession() as s:
-            load = [asyncio.create_task(claude_stream(s, p.url, f"s{i}", tokens=1, ttft_ms=8000)) for i in range(60)]
+            big = "x" * 4000  # long session ids make ticks of ~80 kB
+            load = [asyncio.create_task(claude_stream(s, p.url, f"s{i}-{big}", tokens=1, ttft_ms=8000))
+                    for i in range(20)]
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, (p.config.host, p.port))
-            await asyncio.get_running_loop().sock_sendall(sock, b"GET /_llmtap/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(sock, (p.config.host, p.port))
+            await loop.sock_sendall(sock, b"GET /_llmtap/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             try:
-                async with asyncio.timeout(20):
+                assert (await loop.sock_recv(sock, 12)) == b"HTTP/1.1 200"  # then it reads no more
+                async with asyncio.timeout(15):
                     while not feed.viewers or next(iter(feed.viewers)).dropped < 3 * VIEWER_QUEUE:
                         await asyncio.sleep(0.05)
                 viewer = next(iter(feed.viewers))
                 assert len(viewer.queue) <= VIEWER_QUEUE
-                health = await (await s.get(p.url + "/_llmtap/health")).json()
-                assert health["event_loop_lag"]["p99_ms"] < 100  # the proxy stays responsive
+                async with asyncio.timeout(2):  # the proxy still answers while the viewer is stuck
+                    assert (await s.get(p.url + "/_llmtap/health")).status == 200
             finally:
                 sock.close()
                 for task in load:

@@ -1,0 +1,46 @@
+"""`llmtap top`: the click command (a thin layer over `run`)."""
+
+from __future__ import annotations
+
+import click
+
+from ..timewindow import parse_span
+from .feed import FeedError, find_proxy
+
+
+def _window(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    span = parse_span(value)
+    if span is None or span.total_seconds() <= 0:
+        raise click.BadParameter(f"{value!r} is not a span like 30s, 5m or 1h")
+    return span.total_seconds()
+
+
+@click.command()
+@click.option("--url", help="The proxy's base URL (default: the running `llmtap serve`, from its state file).")
+@click.option("--admin-token", envvar="LLMTAP_ADMIN_TOKEN",
+              help="The proxy's admin token, if it has one (default: the running proxy's).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.25, show_default=True,
+              help="Seconds between redraws.")
+@click.option("--window", "window_s", default="5m", show_default=True, callback=_window,
+              help="Span of the rolling percentiles and error counts (30s, 5m, 1h).")
+@click.option("--once", is_flag=True, help="Print one frame to stdout and exit (for scripts).")
+def top(url: str | None, admin_token: str | None, interval: float, window_s: float, once: bool) -> None:
+    """A live view of the running proxy: in flight, finished, percentiles, sessions.
+
+    Refreshes a few times a second; q or Ctrl-C quits. The percentiles and
+    error counts cover the last --window; sessions count every request seen
+    since top started.
+    """
+    from proxy.server import run
+
+    from . import run as runner
+
+    try:
+        proxy = find_proxy(url, admin_token)
+        if once:
+            lines = run(lambda: runner.once(proxy, window_s))
+            click.echo("\n".join(line.text for line in lines))
+        else:
+            run(lambda: runner.live(proxy, window_s, interval))
+    except FeedError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,215 @@
+"""What `llmtap top` shows, aggregated from the feed's ticks.
+
+`TopModel.apply(tick)` takes one tick; the methods below answer each section
+of the screen. Times are the proxy's epoch seconds (`tick["now"]`), so the
+window does not depend on this machine's clock. Conventions follow
+`llmtap report`: percentiles (linear interpolation, like numpy) are over
+successful requests, TTFT only over streams; errors are every outcome but
+`ok`. Sessions are the tool's own session id and count every request seen
+since top started (and the backfilled window).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+Row = dict[str, Any]
+RECENT = 50
+MAX_SESSIONS = 500
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); `values` need not be sorted."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def ended(row: Row) -> float:
+    """When a finished request ended, in epoch seconds."""
+    return (row.get("started") or 0.0) + (row.get("e2e_ms") or 0.0) / 1000
+
+
+def is_ok(row: Row) -> bool:
+    return row.get("outcome") == "ok"
+
+
+def metric_values(rows: list[Row], metric: str) -> list[float]:
+    """The values the percentiles of `metric` are over (see the module docstring)."""
+    streams_only = metric == "ttft_ms"
+    return [r[metric] for r in rows
+            if r.get(metric) is not None and is_ok(r) and (r.get("stream") or not streams_only)]
+
+
+@dataclass
+class GroupStats:
+    label: str | None
+    requests: int
+    errors: int
+    p50: dict[str, float | None]  # by metric
+    p95: dict[str, float | None]
+
+
+def group_stats(label: str | None, rows: list[Row]) -> GroupStats:
+    values = {m: metric_values(rows, m) for m in METRICS}
+    return GroupStats(
+        label=label, requests=len(rows), errors=sum(not is_ok(r) for r in rows),
+        p50={m: quantile(v, 0.5) for m, v in values.items()},
+        p95={m: quantile(v, 0.95) for m, v in values.items()},
+    )
+
+
+@dataclass
+class Session:
+    session_id: str
+    tool: str | None = None
+    rows: list[Row] = field(default_factory=list)
+    first: float | None = None  # epoch s: first request started
+    last: float | None = None  # epoch s: last request ended
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        self.tool = row.get("tool") or self.tool
+        start, end = row.get("started"), ended(row)
+        if start is not None:
+            self.first = start if self.first is None else min(self.first, start)
+        self.last = end if self.last is None else max(self.last, end)
+
+
+@dataclass
+class SessionStats:
+    session_id: str
+    tool: str | None
+    requests: int
+    live: int
+    ttft_total_ms: float | None
+    ttft_p95_ms: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_share: float | None
+    wall_s: float | None
+
+
+def _total(rows: list[Row], column: str) -> int | None:
+    """The column's sum; None when no row knows it."""
+    known = [r[column] for r in rows if r.get(column) is not None]
+    return sum(known) if known else None
+
+
+class TopModel:
+    def __init__(self, window_s: float = 300.0, recent: int = RECENT) -> None:
+        self.window_s = window_s
+        self.now: float | None = None
+        self.inflight: list[Row] = []
+        self.recent: deque[Row] = deque(maxlen=recent)  # newest last
+        self.window: deque[Row] = deque()  # finished rows, by arrival
+        self.sessions: dict[str, Session] = {}
+        self.ids: set[str] = set()  # of the rows in the window, to skip backfilled duplicates
+        self.finished_total = 0
+        self.loop_lag: dict[str, Any] = {}
+        self.dropped = 0
+        self.finished_dropped = 0
+        self.ticks = 0
+
+    # -- input -------------------------------------------------------------------
+
+    def apply(self, tick: Row) -> None:
+        """One tick of the feed."""
+        self.ticks += 1
+        self.now = tick.get("now", self.now)
+        self.inflight = list(tick.get("inflight") or [])
+        self.loop_lag = tick.get("loop_lag") or {}
+        self.dropped = tick.get("dropped", 0)
+        self.finished_dropped = tick.get("finished_dropped", 0)
+        self.add_finished(tick.get("finished") or [])
+        self.trim()
+
+    def add_finished(self, rows: list[Row]) -> None:
+        for row in rows:
+            if row.get("id") in self.ids:
+                continue
+            self.ids.add(row.get("id"))
+            self.finished_total += 1
+            self.recent.append(row)
+            self.window.append(row)
+            if row.get("session_id"):
+                self._session(row["session_id"]).add(row)
+
+    def disconnected(self) -> None:
+        """The feed is gone: nothing is known to be in flight any more."""
+        self.inflight = []
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.pop(session_id, None) or Session(session_id)
+        self.sessions[session_id] = session  # most recently active last
+        while len(self.sessions) > MAX_SESSIONS:
+            del self.sessions[next(iter(self.sessions))]
+        return session
+
+    def trim(self) -> None:
+        """Forget rows that ended before the window."""
+        if self.now is None:
+            return
+        cutoff = self.now - self.window_s
+        while self.window and ended(self.window[0]) < cutoff:
+            self.ids.discard(self.window.popleft().get("id"))
+
+    # -- the sections ------------------------------------------------------------
+
+    def in_window(self) -> list[Row]:
+        if self.now is None:
+            return list(self.window)
+        cutoff = self.now - self.window_s
+        return [r for r in self.window if ended(r) >= cutoff]
+
+    def by(self, column: str) -> list[GroupStats]:
+        """Per `request_model` or `tool` over the window, busiest first."""
+        groups: dict[str | None, list[Row]] = {}
+        for row in self.in_window():
+            groups.setdefault(row.get(column), []).append(row)
+        stats = [group_stats(label, rows) for label, rows in groups.items()]
+        return sorted(stats, key=lambda g: (-g.requests, g.label or ""))
+
+    def outcomes(self) -> Counter[str]:
+        """Requests by outcome over the window (`ok` included)."""
+        return Counter(r.get("outcome") or "unknown" for r in self.in_window())
+
+    def session_stats(self) -> list[SessionStats]:
+        """One line per session, the most recently active first (in flight counts as active)."""
+        live = Counter(r.get("session_id") for r in self.inflight if r.get("session_id"))
+        order = [*live, *reversed(self.sessions)]
+        seen: set[str] = set()
+        out = []
+        for sid in order:
+            if sid not in seen:
+                seen.add(sid)
+                out.append(self._session_line(sid, live[sid]))
+        return out
+
+    def _session_line(self, session_id: str, live: int) -> SessionStats:
+        session = self.sessions.get(session_id) or Session(session_id)
+        rows = session.rows
+        ttfts = [r["ttft_ms"] for r in rows if r.get("ttft_ms") is not None]
+        tool = session.tool or next((r.get("tool") for r in self.inflight
+                                     if r.get("session_id") == session_id), None)
+        input_tokens = _total(rows, "input_tokens")
+        last = self.now if live and self.now is not None else session.last
+        first = session.first
+        if first is None and live:
+            first = min((self.now or 0) - r["elapsed_ms"] / 1000 for r in self.inflight
+                        if r.get("session_id") == session_id)
+        return SessionStats(
+            session_id=session_id, tool=tool, requests=len(rows), live=live,
+            ttft_total_ms=sum(ttfts) if ttfts else None,
+            ttft_p95_ms=quantile(metric_values(rows, "ttft_ms"), 0.95),
+            input_tokens=input_tokens, output_tokens=_total(rows, "output_tokens"),
+            cache_read_share=(_total(rows, "cache_read_tokens") or 0) / input_tokens if input_tokens else None,
+            wall_s=last - first if first is not None and last is not None else None,
+        )
