@@ -28,17 +28,36 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _is_loopback(remote: str | None) -> bool:
     try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
+        ip = ipaddress.ip_address(remote or "")
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack socket
+    return (mapped or ip).is_loopback
+
+
+def _local_name(host: str | None) -> bool:
+    """A Host or Origin naming this machine; anything else is a browser page's own name (DNS rebinding)."""
+    if not host:
+        return True
+    name = host.rsplit("://", 1)[-1].lower()
+    name = name[1:].partition("]")[0] if name.startswith("[") else name.rsplit(":", 1)[0]
+    return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
 
 
 def allowed(request: web.Request, state: ProxyState) -> bool:
+    """Loopback peers only, unless `--allow-remote` with a token; the token whenever one is set.
+
+    Without a token, a browser must not get in either: a page elsewhere can make the browser
+    send requests to 127.0.0.1 (with its own Origin) or rebind its own name to it (its own Host).
+    """
     token = state.config.admin_token
+    if not (_is_loopback(request.remote) or (token and state.config.allow_remote)):
+        return False
     if token:
         sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(sent.encode(), token.encode())
-    return _is_loopback(request.remote)
+    origin = request.headers.get("Origin")
+    return _local_name(request.host) and (origin is None or _local_name(origin))
 
 
 async def handle(request: web.Request, name: str) -> web.Response:
@@ -51,6 +70,8 @@ async def handle(request: web.Request, name: str) -> web.Response:
         return await live.stream(request, state)  # type: ignore[return-value]
     if name == "sql" and request.method == "POST":
         return await sql(request, state)
+    if name == "metrics" and request.method == "GET":
+        return await metrics(state)
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
 
 
@@ -65,6 +86,14 @@ def health(state: ProxyState) -> dict[str, Any]:
         "event_loop_lag": state.loop_lag.summary(),
         "store": store.stats() if store is not None else None,
     }
+
+
+async def metrics(state: ProxyState) -> web.Response:
+    """The Prometheus scrape, rendered off the event loop (prometheus_client is thread-safe)."""
+    if state.metrics is None:
+        return _json({"error": "this proxy has no metrics"}, 404)
+    body, content_type = await asyncio.get_running_loop().run_in_executor(None, state.metrics.render)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def sql(request: web.Request, state: ProxyState) -> web.Response:

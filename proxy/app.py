@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import urllib.parse
 from time import perf_counter_ns
 from types import SimpleNamespace
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +21,7 @@ from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN_PREFIX = "/_llmtap/"
 TAG_PREFIX = "/_tag/"
 # Generous header limits: Codex sends a JSON document in a header.
@@ -34,16 +36,36 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         return await admin.handle(request, path[len(ADMIN_PREFIX):])
     if path.startswith(TAG_PREFIX):
         path = strip_tag(request, path)
+    if climbs(path):
+        return reject(request, path, received, 400, "llmtap: a path with a '..' segment is refused", "bad_path")
     route = state.routes.match(path)
     if route is None:
         prefixes = ", ".join(state.routes.prefixes)
         message = f"llmtap: no route for {path}; configured prefixes: {prefixes}"
         return reject(request, path, received, 404, message, "no_route")
-    if request.method == "CONNECT":
-        return reject(request, path, received, 405, "llmtap is a reverse proxy, not a forward proxy: CONNECT is refused", "method_not_allowed")
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
+
+
+NOT_A_FORWARD_PROXY = ("llmtap is a reverse proxy, not a forward proxy: only paths (`/v1/...`) are relayed, "
+                       "to the configured upstreams; CONNECT and absolute URLs are refused")
+_SEPARATORS = re.compile(r"[/\\]")
+
+
+def climbs(path: str) -> bool:
+    """A `..` segment, however encoded (`%2e%2e`, `..%2f`, `..\\`, twice-encoded): an upstream that
+    resolves it would serve a path outside the route's base URL."""
+    if "." not in path and "%" not in path:
+        return False
+    for _ in range(3):
+        if ".." in _SEPARATORS.split(path):
+            return True
+        decoded = urllib.parse.unquote(path)
+        if decoded == path:
+            return False
+        path = decoded
+    return ".." in _SEPARATORS.split(path)
 
 
 def strip_tag(request: web.Request, path: str) -> str:
@@ -64,6 +86,18 @@ def reject(request: web.Request, path: str, received: int, status: int, message:
         meter.status = status
         state.record(meter, "http_error", (code, message))
     return error_response(path, status, message, code)
+
+
+@web.middleware
+async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """CONNECT, absolute-form (`GET http://host/...`) and `OPTIONS *` targets: refused before routing
+    (CONNECT and `*` match no route), in words, with a row."""
+    target = request.raw_path
+    if request.method == "CONNECT" or not target.startswith("/"):
+        status = 405 if request.method == "CONNECT" else 400
+        return reject(request, target.partition("?")[0], perf_counter_ns(), status, NOT_A_FORWARD_PROXY,
+                      "not_a_forward_proxy")
+    return await handler(request)
 
 
 def _trace_config() -> aiohttp.TraceConfig:
@@ -101,7 +135,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 
 def make_app(state: ProxyState) -> web.Application:
-    app = web.Application(client_max_size=0)
+    app = web.Application(client_max_size=0, middlewares=[refuse_forward_proxying])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
     app.router.add_route("*", "/{tail:.*}", dispatch)

@@ -41,8 +41,14 @@ class ServeConfig:
     flush_interval_s: float = 1.0
     allow_remote: bool = False
     admin_token: str | None = None
+    # Off by default: request and response bodies (decoded, secrets redacted) in the `bodies` table.
+    capture_bodies: bool = False
+    capture_max_kb: int = 256
     # Credential injection (opt-in): the environment variable holding the real upstream key, for the
     # default route and per route prefix. The client's own credential is then replaced.
+    otel_endpoint: str | None = None  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; export is off when unset
+    otel_headers: str | None = None  # "key=value,key2=value2", the OTEL_EXPORTER_OTLP_HEADERS form
+    otel_service_name: str = "llmtap"
     upstream_key_env: str | None = None
     route_key_env: dict[str, str] = field(default_factory=dict)
 
@@ -126,8 +132,8 @@ def to_toml(config: ServeConfig) -> str:
     for key, value in data.items():
         if value is None:
             lines.append(f"# {key} = (unset)")
-        elif key == "admin_token":
-            lines.append("# admin_token is set (hidden)")
+        elif key in ("admin_token", "otel_headers"):
+            lines.append(f"# {key} is set (hidden)")
         else:
             lines.append(f"{key} = {_toml_value(value)}")
     for name, table in tables.items():

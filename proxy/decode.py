@@ -8,6 +8,7 @@ decompression bomb) costs a metric, not memory.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Protocol
 
 try:  # Python 3.14+
@@ -23,7 +24,8 @@ try:
 except ImportError:  # pragma: no cover
     _brotli = None
 
-DEFAULT_LIMIT = 64 * 1024 * 1024
+DEFAULT_LIMIT = 64 * 1024 * 1024  # decoded bytes measured per response
+PIECE = 1024 * 1024  # the most one decompression step returns, so one read never balloons
 
 
 class DecodeError(Exception):
@@ -31,26 +33,51 @@ class DecodeError(Exception):
 
 
 class _Codec(Protocol):
-    def decompress(self, data: bytes, max_length: int) -> bytes: ...
+    def pieces(self, data: bytes, size: int) -> Iterator[bytes]:
+        """Decompress `data` (and whatever input is still buffered), `size` bytes at most at a time."""
+        ...
 
 
 class _Zlib:
     def __init__(self, wbits: int) -> None:
+        self._wbits = wbits
         self._d = zlib.decompressobj(wbits)
+        self._started = False
 
-    def decompress(self, data: bytes, max_length: int) -> bytes:
-        return self._d.decompress(data, max_length)
+    def pieces(self, data: bytes, size: int) -> Iterator[bytes]:
+        try:
+            out = self._d.decompress(data, size)
+        except zlib.error:
+            if self._started or self._wbits != 15:
+                raise
+            self._d = zlib.decompressobj(-15)  # "deflate" sent raw, as some servers do
+            out = self._d.decompress(data, size)
+        self._started = True
+        while True:
+            if out:
+                yield out
+            tail = self._d.unconsumed_tail
+            if not tail:
+                return
+            out = self._d.decompress(tail, size)
 
 
 class _Brotli:
     def __init__(self) -> None:
         if _brotli is None:
             raise DecodeError("brotli is not installed")
+        if not hasattr(_brotli.Decompressor, "can_accept_more_data"):
+            raise DecodeError("brotli >= 1.2 is needed to decode a response within a bound")
         self._d = _brotli.Decompressor()
 
-    def decompress(self, data: bytes, max_length: int) -> bytes:
-        out = self._d.process(data)
-        return out[:max_length]
+    def pieces(self, data: bytes, size: int) -> Iterator[bytes]:
+        out = self._d.process(data, output_buffer_limit=size)
+        while True:
+            if out:
+                yield out
+            if not out or self._d.can_accept_more_data():
+                return
+            out = self._d.process(b"", output_buffer_limit=size)
 
 
 class _Zstd:
@@ -59,13 +86,21 @@ class _Zstd:
             raise DecodeError("zstd support is not installed")
         self._d = _zstd.ZstdDecompressor()
 
-    def decompress(self, data: bytes, max_length: int) -> bytes:
-        out = self._d.decompress(data, max_length)
-        if self._d.eof and self._d.unused_data:  # concatenated frames
-            rest = self._d.unused_data
-            self._d = _zstd.ZstdDecompressor()
-            out += self.decompress(rest, max_length - len(out))
-        return out
+    def pieces(self, data: bytes, size: int) -> Iterator[bytes]:
+        out = self._d.decompress(data, size)
+        while True:
+            if out:
+                yield out
+            d = self._d
+            if d.eof:
+                if not d.unused_data:
+                    return
+                self._d = _zstd.ZstdDecompressor()  # concatenated frames
+                out = self._d.decompress(d.unused_data, size)
+            elif d.needs_input:
+                return
+            else:
+                out = d.decompress(b"", size)
 
 
 def _codec(encoding: str) -> _Codec | None:
@@ -83,10 +118,15 @@ def _codec(encoding: str) -> _Codec | None:
 
 
 class StreamDecoder:
-    """Feeds compressed chunks, returns decompressed ones, up to `limit` bytes in all."""
+    """Feeds compressed chunks, yields decompressed pieces, up to `limit` bytes in all.
+
+    No piece is larger than `PIECE`, whatever one compressed read expands to, and
+    decoding stops for good (`exhausted`) once `limit` bytes have come out.
+    """
 
     def __init__(self, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> None:
         codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
+        self.encoding = ", ".join(codings)
         self._codecs = [c for c in (_codec(e) for e in reversed(codings)) if c is not None]
         self._left = limit
         self.exhausted = False
@@ -95,16 +135,28 @@ class StreamDecoder:
     def identity(self) -> bool:
         return not self._codecs
 
-    def feed(self, data: bytes) -> bytes:
+    def pieces(self, data: bytes) -> Iterator[bytes]:
         if self.exhausted:
-            return b""
-        for codec in self._codecs:
-            data = codec.decompress(data, self._left + 1)
-        if len(data) > self._left:
-            data = data[: self._left]
-            self.exhausted = True
-        self._left -= len(data)
-        return data
+            return
+        for piece in self._stage(0, data):
+            if len(piece) > self._left:
+                piece = piece[: self._left]
+                self.exhausted = True
+            self._left -= len(piece)
+            if piece:
+                yield piece
+            if self.exhausted:
+                return
+
+    def _stage(self, i: int, data: bytes) -> Iterator[bytes]:
+        if i == len(self._codecs):
+            yield data
+            return
+        for piece in self._codecs[i].pieces(data, PIECE):
+            yield from self._stage(i + 1, piece)
+
+    def feed(self, data: bytes) -> bytes:
+        return b"".join(self.pieces(data))
 
 
 def decode_all(body: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> bytes:

@@ -15,9 +15,11 @@ from aiohttp import web
 
 from multidict import CIMultiDict
 
+from .capture import make_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
+from .redact import redact, request_secrets
 from .relay_state import STATE, ProxyState
 from .routes import Route
 
@@ -59,9 +61,12 @@ TAG_KEY = web.RequestKey("llmtap_tag", str)  # set by dispatch from a /_tag/<tag
 
 
 def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, received: int) -> Meter | None:
-    if not state.config.measure:
+    cfg = state.config
+    if not cfg.measure:
         return None
-    meter = Meter(
+    sink = state.store.put_body if cfg.capture_bodies and state.store is not None else None
+    meter = make_meter(
+        cfg.capture_bodies, sink, cfg.capture_max_kb,
         received_ns=received,
         method=request.method,
         path=path,
@@ -97,7 +102,8 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         outcome, error = "client_disconnected", ("client_disconnected", "the client closed the connection")
         raise
     except Exception as exc:  # a bug of ours: the client gets a clear 502, the row says why
-        outcome, error = "proxy_error", ("proxy_error", f"{type(exc).__name__}: {exc}")
+        secrets = request_secrets(request.headers, request.query, (route.credential,))
+        outcome, error = "proxy_error", ("proxy_error", redact(f"{type(exc).__name__}: {exc}", secrets) or "")
         state.report(f"llmtap: internal error relaying {request.method} {path}: {error[1]}")
         return error_response(path, 502, f"llmtap internal error: {error[1]}", "llmtap_internal_error")
     finally:

@@ -23,10 +23,13 @@ from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
 from .fingerprint import key_fingerprint, secret_fingerprint
+from .redact import redact, request_secrets
 from .request_info import parse_request
 from .sse import SSEParser
 
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
+# One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
+MAX_SSE_EVENT = 8 * 1024 * 1024
 ERROR_MESSAGE_MAX = 500
 
 
@@ -75,6 +78,7 @@ class Meter:
         self.first_text: int | None = None
         self.chars = 0
         self.broken: str | None = None
+        self.partial = False  # the meter skipped part of the response: a missing terminal event proves nothing
 
     # -- the relay's observation points --------------------------------------
 
@@ -90,7 +94,7 @@ class Meter:
         ctype = headers.get("content-type", "")
         if ctype.startswith("text/event-stream"):
             self.is_stream = True
-            self._sse = SSEParser()
+            self._sse = SSEParser(MAX_SSE_EVENT)
         else:
             self._body = []
 
@@ -102,10 +106,12 @@ class Meter:
         decoder = self._decoder
         if decoder is None:
             return
-        if not decoder.identity:
-            data = decoder.feed(data)
-            if decoder.exhausted:
-                self.mark_broken("decoded body over the measuring limit; metrics partial")
+        if decoder.identity:
+            self._feed(data, t_ns)
+        else:
+            self._feed_decoded(decoder, data, t_ns)
+
+    def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
             for event, payload in self._sse.feed(data):
                 delta = self.dialect.on_event(payload, event)
@@ -114,6 +120,21 @@ class Meter:
         elif self._body is not None and self._body_len < MAX_JSON_BODY:
             self._body.append(data)
             self._body_len += len(data)
+
+    def _feed_decoded(self, decoder: StreamDecoder, data: bytes, t_ns: int) -> None:
+        """A compressed read: its decoded copy, in bounded pieces, up to the decoder's limit."""
+        try:
+            for piece in decoder.pieces(data):
+                self._feed(piece, t_ns)
+        except Exception as exc:  # a corrupt body: stop decoding it, keep relaying it
+            self._decoder = None
+            self.partial = True
+            self.mark_broken(f"cannot decode the {decoder.encoding} body: {type(exc).__name__}: {exc}")
+            return
+        if decoder.exhausted:
+            self._decoder = None
+            self.partial = True
+            self.mark_broken("decoded body over the measuring limit; metrics partial")
 
     def on_message(self, payload: bytes, t_ns: int) -> None:
         """One WebSocket text frame from the upstream (Responses over WebSocket)."""
@@ -144,6 +165,9 @@ class Meter:
         """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
         if self._body:
             self._parse_body()
+        if self._sse is not None and self._sse.oversized:
+            self.partial = True
+            self.mark_broken(f"{self._sse.oversized} SSE event(s) over {MAX_SSE_EVENT >> 20} MiB relayed but not measured")
         d = self.dialect
         if error is None and d.error_type is not None:
             error = (d.error_type, d.error_message or "")
@@ -157,9 +181,9 @@ class Meter:
             finish_reason=d.finish_reason,
             response_bytes=self.response_bytes,
             error_type=error[0] if error else None,
-            error_message=error[1][:ERROR_MESSAGE_MAX] if error else None,
+            error_message=self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
             outcome=outcome or self._outcome(),
-            parse_error=self.broken or d.parse_error,
+            parse_error=self._clean(self.broken or d.parse_error),
             empty_choices_chunks=d.empty_choices_chunks,
             retry_after=self.retry_after,
         )
@@ -169,12 +193,20 @@ class Meter:
         ]
         return row, chunks
 
+    def secrets(self) -> list[str]:
+        """The credentials this request carried (and an injected one): never to be written anywhere."""
+        return request_secrets(self.headers, self.query, (self.credential,))
+
+    def _clean(self, text: str | None) -> str | None:
+        """Upstream error messages can echo a key back; messages of ours can hold a URL with one."""
+        return redact(text, self.secrets()) if text else text
+
     def _outcome(self) -> str:
         if self.status is not None and self.status >= 400:
             return "http_error"
         if self.dialect.error_type is not None:
             return "stream_error"
-        if self.is_stream and self.dialect.has_terminal_event and not self.dialect.terminal:
+        if self.is_stream and self.dialect.has_terminal_event and not self.dialect.terminal and not self.partial:
             return "stream_truncated"
         return "ok"
 
@@ -213,7 +245,7 @@ class Meter:
             "max_tokens": info.max_tokens,
             "message_count": info.message_count,
             "request_bytes": self.request_bytes,
-            "request_parse_error": info.request_parse_error,
+            "request_parse_error": self._clean(info.request_parse_error),
         }
 
     def _timing_columns(self, end_ns: int) -> dict[str, Any]:

@@ -120,3 +120,18 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
         )
         """
     )
+
+
+@migration
+def m002_bodies(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        """
+        CREATE TABLE bodies (
+            request_id VARCHAR,
+            request_body VARCHAR,
+            response_body VARCHAR,
+            request_truncated BOOLEAN,
+            response_truncated BOOLEAN
+        )
+        """
+    )

@@ -29,6 +29,7 @@ class ProxyState:
     session: aiohttp.ClientSession = field(init=False)
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     requests_seen: int = 0
+    metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     inflight: dict[str, Meter] = field(default_factory=dict)  # by meter id, for the live view
     loop_lag: LoopLag = field(default_factory=LoopLag)
 

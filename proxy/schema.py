@@ -2,7 +2,7 @@
 
 `REQUEST_COLUMNS` is the `requests` table, one row per request that reached the
 proxy; `CHUNK_COLUMNS` is the `chunks` table, one row per output event of a
-stream. Durations are milliseconds from the request's arrival at the proxy
+stream; `BODY_COLUMNS` is the `bodies` table (only with `--capture-bodies`). Durations are milliseconds from the request's arrival at the proxy
 (monotonic clock); `started_at` is the only wall-clock value (UTC).
 The README's "Columns" section defines each one; keep the two in step.
 """
@@ -73,6 +73,15 @@ CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("event_type", "VARCHAR"),
 )
 
+# `bodies`, with `serve --capture-bodies` only: one row per request, decoded, redacted, cut at --capture-max-kb.
+BODY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("request_id", "VARCHAR"),
+    ("request_body", "VARCHAR"),
+    ("response_body", "VARCHAR"),
+    ("request_truncated", "BOOLEAN"),
+    ("response_truncated", "BOOLEAN"),
+)
+
 REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)
 CHUNK_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in CHUNK_COLUMNS)
 
@@ -92,5 +101,5 @@ def create_tables_sql() -> str:
     """DDL for the current schema (tests and fixtures; the store uses migrations)."""
     return "\n".join(
         f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{n} {t}' for n, t in cols)});"
-        for table, cols in (("requests", REQUEST_COLUMNS), ("chunks", CHUNK_COLUMNS))
+        for table, cols in (("requests", REQUEST_COLUMNS), ("chunks", CHUNK_COLUMNS), ("bodies", BODY_COLUMNS))
     )

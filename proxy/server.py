@@ -16,21 +16,49 @@ from aiohttp import web
 from . import paths
 from .app import HTTP_LIMITS, make_app, routes_banner
 from .config import ConfigError, ServeConfig
+from .redact import scrub_library_logs
+from .metrics import PrometheusMetrics
+from .otel import OtelExporter, OtelSettings, OtelUnavailable
 from .relay_state import ProxyState, _stderr
 from .store import Store
 
 
 def check_bind(config: ServeConfig) -> None:
-    """Loopback unless asked otherwise: a proxy holding API keys is not for the network."""
-    try:
-        loopback = ipaddress.ip_address(socket.gethostbyname(config.host)).is_loopback
-    except (OSError, ValueError):
-        loopback = False
-    if not loopback and not config.allow_remote:
+    """Loopback unless asked otherwise: a proxy holding API keys is not for the network.
+
+    A wider address needs `--allow-remote`, and then an admin token too: the admin endpoint
+    answers queries over every recorded request.
+    """
+    if is_loopback_bind(config.host):
+        return
+    if not config.allow_remote:
         raise ConfigError(
             f"refusing to listen on {config.host}: llmtap binds loopback only unless you pass "
             "--allow-remote (then also set --admin-token)"
         )
+    if not config.admin_token:
+        raise ConfigError(
+            f"--allow-remote on {config.host} needs --admin-token for the /_llmtap/ admin endpoint, e.g. "
+            "--admin-token \"$(python3 -c 'import secrets; print(secrets.token_hex(16))')\""
+        )
+
+
+def is_loopback_bind(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        try:
+            return ipaddress.ip_address(host).is_loopback  # an IPv6 literal
+        except ValueError:
+            return False
+
+
+def remote_warning(config: ServeConfig) -> str | None:
+    if is_loopback_bind(config.host):
+        return None
+    return (f"llmtap: WARNING: listening on {config.host}, reachable from other machines: anyone who can "
+            "connect can send requests through it to the upstreams (and use any key it injects); "
+            "the admin endpoint requires the admin token")
 
 
 class RunningProxy:
@@ -45,6 +73,16 @@ class RunningProxy:
             self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
                                record_chunks=config.record_chunks, report=report)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report)
+        self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
+                                               loop_lag=self.state.loop_lag.summary)
+        self.state.listeners.append(self.state.metrics.observe)
+        self.otel: OtelExporter | None = None
+        if (otel_settings := OtelSettings.from_config(config)) is not None:
+            try:
+                self.otel = OtelExporter.from_settings(otel_settings)
+            except OtelUnavailable as exc:
+                raise ConfigError(str(exc)) from None
+            self.state.listeners.append(self.otel.observe)
         self.runner: web.AppRunner | None = None
         self.port = config.port
 
@@ -54,6 +92,7 @@ class RunningProxy:
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     async def __aenter__(self) -> "RunningProxy":
+        scrub_library_logs()
         if self.store is not None:
             self.store.start()
             _register_views(self.store)
@@ -78,6 +117,9 @@ class RunningProxy:
             self.runner = None
         if self.store is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        if self.otel is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.otel.shutdown)
+            self.otel = None
 
 
 def _register_views(store: Store) -> None:
@@ -117,6 +159,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
     async with RunningProxy(config, report=report) as proxy:
         state_file = write_state(proxy)
         report(routes_banner(proxy.state, proxy.url))
+        if warning := remote_warning(config):
+            report(warning)
         if proxy.store is not None:
             report(f"recording to {config.db_path}  (query it: llmtap sql \"SELECT * FROM requests\")")
         try:

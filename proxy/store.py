@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,12 +27,17 @@ from typing import Any
 import duckdb
 
 from .migrations import migrate
-from .schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+from .schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
+# While the database cannot be written (a full disk), rows wait in memory up to these bounds, some
+# 100 MB in all (a request row is about 3 KB, a chunk row about 130 bytes); then new rows are dropped.
+MAX_PENDING_REQUESTS = 20_000
+MAX_PENDING_CHUNKS = 500_000
+MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
 
 # Errors raised by the rows themselves (a value that does not fit its column): the batch
 # is split to find and drop them. Any other error (I/O, a missing table) is retried.
@@ -95,6 +101,7 @@ class _Table:
 
 REQUESTS = _Table("requests", REQUEST_COLUMNS, 2_000)
 CHUNKS = _Table("chunks", CHUNK_COLUMNS, 10_000)
+BODIES = _Table("bodies", BODY_COLUMNS, 200)
 
 Unit = list[tuple[_Table, list[Any]]]  # written in one transaction
 
@@ -112,8 +119,8 @@ class Store:
         path: str | Path,
         *,
         flush_interval_s: float = 1.0,
-        max_pending_requests: int = 100_000,
-        max_pending_chunks: int = 2_000_000,
+        max_pending_requests: int = MAX_PENDING_REQUESTS,
+        max_pending_chunks: int = MAX_PENDING_CHUNKS,
         record_chunks: bool = True,
         report: Callable[[str], None] = _print_stderr,
     ) -> None:
@@ -130,10 +137,13 @@ class Store:
         self._put_seq = 0  # requests accepted by put()
         self._done_seq = 0  # of those, how many the writer has finished with
         self._inflight = [0, 0]  # requests, chunks taken by the writer and not yet finished
+        self._bodies: list[tuple[Any, ...]] = []
+        self._body_bytes = 0
         self._counts = dict.fromkeys(
-            ("requests_written", "chunks_written", "requests_dropped", "chunks_dropped",
-             "write_errors", "rows_rejected"), 0)
+            ("requests_written", "chunks_written", "bodies_written", "requests_dropped", "chunks_dropped",
+             "bodies_dropped", "write_errors", "rows_rejected"), 0)
         self._last_error: str | None = None
+        self._dropping = False  # the queue is full: reported once, until a write succeeds
         self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -206,19 +216,42 @@ class Store:
                 if self._closed or len(self._requests) >= self._max_requests:
                     self._counts["requests_dropped"] += 1
                     self._counts["chunks_dropped"] += n
-                    return
-                if n and len(self._chunks) + n > self._max_chunks:
-                    self._counts["chunks_dropped"] += n
-                elif n:
-                    self._chunks.extend(chunks)  # type: ignore[arg-type]
-                self._requests.append(row)
-                self._put_seq += 1
-                wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
+                    first = not self._closed and not self._dropping
+                    self._dropping = self._dropping or first
+                    waiting = len(self._requests) + self._inflight[0]
+                else:
+                    first = None
+                    if n and len(self._chunks) + n > self._max_chunks:
+                        self._counts["chunks_dropped"] += n
+                    elif n:
+                        self._chunks.extend(chunks)  # type: ignore[arg-type]
+                    self._requests.append(row)
+                    self._put_seq += 1
+                    wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
+            if first is not None:
+                if first:
+                    self._report(f"llmtap store: {waiting} request rows are waiting to be written to {self.path};"
+                                 " new rows are dropped until it can be written again")
+                return
             if wake:
                 self._wake.set()
         except Exception:
             with self._lock:
                 self._counts["requests_dropped"] += 1
+
+    def put_body(self, row: tuple[Any, ...]) -> None:
+        """Queue one `bodies` row (schema.BODY_COLUMNS), before its request's `put`. Never blocks, never raises."""
+        try:
+            size = sum(len(v) for v in row[1:3] if v)
+            with self._lock:
+                if self._closed or self._body_bytes + size > MAX_PENDING_BODY_BYTES:
+                    self._counts["bodies_dropped"] += 1
+                    return
+                self._bodies.append(row)
+                self._body_bytes += size
+        except Exception:
+            with self._lock:
+                self._counts["bodies_dropped"] += 1
 
     def flush(self, timeout: float = 10) -> bool:
         """Wait until every row put before the call is written (or dropped); False on timeout."""
@@ -236,31 +269,37 @@ class Store:
                 **self._counts,
                 "pending_requests": len(self._requests) + self._inflight[0],
                 "pending_chunks": len(self._chunks) + self._inflight[1],
+                "pending_bodies": len(self._bodies),
                 "last_error": self._last_error,
             }
 
     # -- the writer thread -----------------------------------------------------
 
     def _run(self) -> None:
+        taken = time.monotonic()
         while True:
-            self._wake.wait(self._interval)
+            # Every interval from the last take, however long the write took: a crash loses at most
+            # the rows of one interval plus those of the write under way.
+            self._wake.wait(max(0.0, taken + self._interval - time.monotonic()))
             self._wake.clear()
+            taken = time.monotonic()
             with self._lock:
-                requests, chunks, seq = self._requests, self._chunks, self._put_seq
-                self._requests, self._chunks = [], []
+                requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
+                self._requests, self._chunks, self._bodies, self._body_bytes = [], [], [], 0
                 self._inflight = [len(requests), len(chunks)]
-            if requests or chunks:
-                self._write_batch(requests, chunks)
+            if requests or chunks or bodies:
+                self._write_batch(requests, chunks, bodies)
             with self._lock:
                 self._done_seq = seq
                 self._inflight = [0, 0]
                 self._written.notify_all()
-                if self._stop.is_set() and not self._requests and not self._chunks:
+                if self._stop.is_set() and not self._requests and not self._chunks and not self._bodies:
                     return
 
-    def _write_batch(self, requests: list[Any], chunks: list[Any]) -> None:
-        units: deque[Unit] = deque([[(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks)) if rows]])
-        rejected: dict[str, int] = {"requests": 0, "chunks": 0}
+    def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None) -> None:
+        tables = ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or []))
+        units: deque[Unit] = deque([[(t, rows) for t, rows in tables if rows]])
+        rejected: dict[str, int] = {"requests": 0, "chunks": 0, "bodies": 0}
         first_failure: Exception | None = None
         delay = RETRY_FIRST_S
         failures = 0
@@ -269,6 +308,8 @@ class Store:
                 self._drop(units)
                 return
             try:
+                if self._cur is None:
+                    self._reopen()
                 self._write_unit(units[0])
             except _DATA_ERRORS as exc:
                 first_failure = first_failure or exc
@@ -276,13 +317,14 @@ class Store:
                 continue
             except Exception as exc:  # noqa: BLE001 - the writer must survive anything
                 failures += 1
+                if _invalidated(exc):
+                    self._close_connection()  # the next attempt opens the file anew
                 self._failed(exc, first=failures == 1)
                 self._abandon.wait(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
-            self._wrote(units.popleft())
-            if failures:
-                self._report(f"llmtap store: writing to {self.path} again after {failures} failed attempt(s)")
+            if self._wrote(units.popleft()) or failures:
+                self._recovered(failures)
                 failures, delay = 0, RETRY_FIRST_S
         if first_failure is not None:
             self._rejected(rejected, first_failure)
@@ -304,10 +346,33 @@ class Store:
                     cur.execute("ROLLBACK")
                 raise
 
-    def _wrote(self, unit: Unit) -> None:
+    def _wrote(self, unit: Unit) -> bool:
+        """Count what was written; True if rows had been dropped for want of room until now."""
         with self._lock:
             for table, rows in unit:
                 self._counts[f"{table.name}_written"] += len(rows)
+            was_dropping, self._dropping = self._dropping, False
+        return was_dropping
+
+    def _recovered(self, failures: int) -> None:
+        with self._lock:
+            dropped = self._counts["requests_dropped"]
+        after = f" after {failures} failed attempt(s)" if failures else ""
+        lost = f"; {dropped} request row(s) dropped so far" if dropped else ""
+        self._report(f"llmtap store: writing to {self.path} again{after}{lost}")
+
+    def _reopen(self) -> None:
+        """Open the file anew: DuckDB invalidates a database after a fatal error, such as a
+        checkpoint that failed on a full disk, and only a new instance can write again."""
+        con = _open_for_writing(self.path)
+        try:
+            cur = con.cursor()
+            cur.execute("SET TimeZone = 'UTC'")
+        except duckdb.Error:
+            con.close()
+            raise
+        with self._con_lock:
+            self._con, self._cur = con, cur
 
     def _drop(self, units: deque[Unit]) -> None:
         with self._lock:
@@ -319,7 +384,8 @@ class Store:
         with self._lock:
             self._counts["requests_dropped"] += len(self._requests)
             self._counts["chunks_dropped"] += len(self._chunks)
-            self._requests, self._chunks = [], []
+            self._counts["bodies_dropped"] += len(self._bodies)
+            self._requests, self._chunks, self._bodies, self._body_bytes = [], [], [], 0
             self._done_seq = self._put_seq
             self._written.notify_all()
 
@@ -332,9 +398,9 @@ class Store:
 
     def _rejected(self, rejected: dict[str, int], exc: Exception) -> None:
         with self._lock:
-            self._counts["requests_dropped"] += rejected["requests"]
-            self._counts["chunks_dropped"] += rejected["chunks"]
-            self._counts["rows_rejected"] += rejected["requests"] + rejected["chunks"]
+            for table, n in rejected.items():
+                self._counts[f"{table}_dropped"] += n
+            self._counts["rows_rejected"] += sum(rejected.values())
             self._last_error = _describe(exc)
         self._report(
             f"llmtap store: dropped {rejected['requests']} request row(s) and {rejected['chunks']} "
@@ -354,7 +420,7 @@ class Store:
         _check_read_only(sql)
         with self._con_lock:
             if self._con is None:
-                raise StoreError("the store is not open")
+                raise StoreError("the database is not open (it is reopened after a write error; try again)")
             cur = self._con.cursor()
         try:
             return self._run_query(cur, sql, params, max_rows)
@@ -441,7 +507,8 @@ def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
         return DatabaseLocked(path, os.getpid(), message=(
             f"the database {path} is already open in this process in the other mode (read-write or "
             "read-only); while a Store has it, query through Store.query()"))
-    return StoreError(f"cannot open the database {path}: {message}")
+    hint = " (a read-only or full disk? choose another file with --db)" if "IO Error" in message else ""
+    return StoreError(f"cannot open the database {path}: {message}{hint}")
 
 
 @contextlib.contextmanager
@@ -457,6 +524,10 @@ def _private_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
+
+
+def _invalidated(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc)
 
 
 def _one_line(exc: BaseException) -> str:

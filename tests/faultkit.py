@@ -221,7 +221,8 @@ class Serve:
 
     def __init__(self, upstream: str | None, db: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.db = db
-        self.log = db.parent / f"serve-{time.monotonic_ns()}.log"
+        logs = db.parent if db.parent.exists() else db.parent.parent  # never create the database's directory
+        self.log = logs / f"serve-{time.monotonic_ns()}.log"
         args = [sys.executable, "-m", "proxy", "serve", "--port", "0", "--db", str(db), *extra]
         if upstream:
             args += ["--upstream", upstream]
@@ -252,7 +253,8 @@ class Serve:
         return int(self.base.rsplit(":", 1)[1])
 
     def output(self) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return self.log.read_text(errors="replace")
 
     def stop(self, sig: int = 15, timeout: float = 20) -> int:
