@@ -56,6 +56,7 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--admin-token", envvar="LLMTAP_ADMIN_TOKEN", help="Token required by the /_llmtap/ admin endpoint (required with --allow-remote; or $LLMTAP_ADMIN_TOKEN).")
 @click.option("--capture-bodies", is_flag=True, default=None, help="Store request and response bodies (decoded, secrets redacted) in the bodies table.")
 @click.option("--capture-max-kb", type=click.IntRange(min=0), help="Keep at most this many KiB of each captured body (default 256).")
+@click.option("--db-memory-mb", type=click.IntRange(min=16), help="DuckDB's memory limit inside the proxy, in MiB (default 256).")
 @click.option("--otel-endpoint", help="Send spans and GenAI metrics to this OTLP/HTTP collector (needs llmtap[otel]).")
 @click.option("--otel-headers", metavar="K=V,...", help="Headers for the OTLP exporter, e.g. Authorization=Bearer%20xyz.")
 @click.option("--otel-service-name", help="service.name of the exported telemetry (default llmtap).")

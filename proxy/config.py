@@ -44,6 +44,7 @@ class ServeConfig:
     # Off by default: request and response bodies (decoded, secrets redacted) in the `bodies` table.
     capture_bodies: bool = False
     capture_max_kb: int = 256
+    db_memory_mb: int = 256  # DuckDB's memory limit in the proxy (its cache of the database, queries)
     # Credential injection (opt-in): the environment variable holding the real upstream key, for the
     # default route and per route prefix. The client's own credential is then replaced.
     otel_endpoint: str | None = None  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; export is off when unset

@@ -2,7 +2,8 @@
 
 `REQUEST_COLUMNS` is the `requests` table, one row per request that reached the
 proxy; `CHUNK_COLUMNS` is the `chunks` table, one row per output event of a
-stream; `BODY_COLUMNS` is the `bodies` table (only with `--capture-bodies`). Durations are milliseconds from the request's arrival at the proxy
+stream; `BODY_COLUMNS` is the `bodies` table (filled with `--capture-bodies` only).
+Durations are milliseconds from the request's arrival at the proxy
 (monotonic clock); `started_at` is the only wall-clock value (UTC).
 The README's "Columns" section defines each one; keep the two in step.
 """

@@ -71,7 +71,8 @@ class RunningProxy:
         self.store: Store | None = None
         if record and config.measure:
             self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
-                               record_chunks=config.record_chunks, report=report)
+                               record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
+                               report=report)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report)
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
                                                loop_lag=self.state.loop_lag.summary)

@@ -122,9 +122,13 @@ class Store:
         max_pending_requests: int = MAX_PENDING_REQUESTS,
         max_pending_chunks: int = MAX_PENDING_CHUNKS,
         record_chunks: bool = True,
+        memory_limit_mb: int | None = None,
         report: Callable[[str], None] = _print_stderr,
     ) -> None:
         self.path = Path(path)
+        # DuckDB keeps the blocks it wrote cached up to its memory limit (80% of RAM by default):
+        # without a limit of its own, a proxy that runs for weeks grows with its database.
+        self._memory_limit_mb = memory_limit_mb
         self._interval = flush_interval_s
         self._max_requests = max_pending_requests
         self._max_chunks = max_pending_chunks
@@ -162,14 +166,20 @@ class Store:
         try:
             with _private_umask():
                 migrate(con)
-            cur = con.cursor()
-            cur.execute("SET TimeZone = 'UTC'")
+            cur = self._writer_cursor(con)
         except duckdb.Error as exc:
             con.close()
             raise StoreError(f"cannot prepare the database {self.path}: {_one_line(exc)}") from exc
         self._con, self._cur = con, cur
         self._thread = threading.Thread(target=self._run, name="llmtap-store", daemon=True)
         self._thread.start()
+
+    def _writer_cursor(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+        if self._memory_limit_mb:
+            con.execute(f"SET memory_limit = '{int(self._memory_limit_mb)}MiB'")
+        cur = con.cursor()
+        cur.execute("SET TimeZone = 'UTC'")
+        return cur
 
     def close(self, timeout: float = 10) -> None:
         with self._lock:
@@ -366,8 +376,7 @@ class Store:
         checkpoint that failed on a full disk, and only a new instance can write again."""
         con = _open_for_writing(self.path)
         try:
-            cur = con.cursor()
-            cur.execute("SET TimeZone = 'UTC'")
+            cur = self._writer_cursor(con)
         except duckdb.Error:
             con.close()
             raise

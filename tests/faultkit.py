@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -248,6 +249,14 @@ class Serve:
         self.proc.kill()
         raise AssertionError(f"serve did not start in {within_s} s: {self.output()}")
 
+    async def __aenter__(self) -> "Serve":
+        return await self.started()
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Never leave a serve process behind, whatever the test did."""
+        if self.proc.poll() is None:
+            self.stop(signal.SIGKILL if exc[0] is not None else signal.SIGTERM)
+
     @property
     def port(self) -> int:
         return int(self.base.rsplit(":", 1)[1])
@@ -257,7 +266,7 @@ class Serve:
             self._log_file.flush()
         return self.log.read_text(errors="replace")
 
-    def stop(self, sig: int = 15, timeout: float = 20) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

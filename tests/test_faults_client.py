@@ -5,6 +5,7 @@ each request, and memory, file descriptors and upstream connections return to ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import resource
 import socket
@@ -132,7 +133,6 @@ async def test_a_client_that_stops_reading_pauses_the_upstream(tmp_path: Path) -
         assert up.bytes_sent == stalled, "the upstream kept writing to a proxy whose client does not read"
         assert stalled < 32 << 20, f"{stalled >> 20} MiB left the upstream for a client that reads nothing"
         grew = peak_rss_mb() - before
-        print(f"stalled after {stalled / 2**20:.1f} MiB, peak RSS +{grew:.1f} MB")
         assert grew < 30, f"peak RSS grew {grew:.0f} MB while the client did not read"
         received, digest = len(head.partition(b"\r\n\r\n")[2]), hashlib.sha256(head.partition(b"\r\n\r\n")[2])
         while received < total:  # now read it all: nothing lost, nothing reordered
@@ -196,8 +196,9 @@ async def test_a_thousand_concurrent_streams(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(8 * n, hard), hard))
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     sim = Simulator(SimConfig(ttft_ms=200, itl_ms=20, tokens=10, prefill_us_per_token=0))
-    await sim.__aenter__()
-    async with RunningProxy(proxy_config(sim.url, tmp_path, flush_interval_s=0.5)) as p:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(sim)
+        p = await stack.enter_async_context(RunningProxy(proxy_config(sim.url, tmp_path, flush_interval_s=0.5)))
         base = Baseline()
 
         async def one(s: aiohttp.ClientSession) -> bytes:
@@ -208,10 +209,11 @@ async def test_a_thousand_concurrent_streams(tmp_path: Path) -> None:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             bodies = await asyncio.wait_for(asyncio.gather(*(one(s) for _ in range(n))), 60)
         took = time.monotonic() - t0
-        print(f"{n} streams in {took:.1f} s, {open_fds()} fds")
-        await sim.__aexit__(None, None, None)  # it closes its keep-alive connections; the proxy lets go of its own
+        peak_fds = open_fds()
+        await sim.__aexit__(None, None, None)  # it closes its keep-alive connections: the proxy must let go of its own
         await base.settled(rss_slack_mb=80, fd_slack=8, within_s=5)
         found = rows(p, "SELECT outcome, count(*) AS n, max(output_events) AS events FROM requests GROUP BY 1")
+    assert peak_fds > base.fds + n  # the pooled upstream connections were there a moment ago
     assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)
     assert found == [{"outcome": "ok", "n": n, "events": 10}]
     assert took < 30, f"{n} streams took {took:.1f} s"

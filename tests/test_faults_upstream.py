@@ -5,7 +5,6 @@ memory, file descriptors and upstream connections return to where they were."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import hashlib
 import time
 import zlib
