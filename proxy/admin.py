@@ -60,14 +60,16 @@ def allowed(request: web.Request, state: ProxyState) -> bool:
     return _local_name(request.host) and (origin is None or _local_name(origin))
 
 
-async def handle(request: web.Request, name: str) -> web.Response:
+async def handle(request: web.Request, name: str) -> web.StreamResponse:
     state = request.app[STATE]
     if not allowed(request, state):
-        return _json({"error": "the llmtap admin endpoint needs a loopback peer or the admin token"}, 403)
+        return _json({"error": "llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
+                               "--allow-remote) and, whenever an admin token is set, only requests carrying it in "
+                               "X-Llmtap-Admin-Token or Authorization: Bearer"}, 403)
     if name == "health" and request.method == "GET":
         return _json(health(state))
     if name == "live" and request.method == "GET":
-        return await live.stream(request, state)  # type: ignore[return-value]
+        return await live.stream(request, state)
     if name == "sql" and request.method == "POST":
         return await sql(request, state)
     if name == "metrics" and request.method == "GET":

@@ -45,11 +45,11 @@ class ServeConfig:
     capture_bodies: bool = False
     capture_max_kb: int = 256
     db_memory_mb: int = 256  # DuckDB's memory limit in the proxy (its cache of the database, queries)
-    # Credential injection (opt-in): the environment variable holding the real upstream key, for the
-    # default route and per route prefix. The client's own credential is then replaced.
     otel_endpoint: str | None = None  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; export is off when unset
     otel_headers: str | None = None  # "key=value,key2=value2", the OTEL_EXPORTER_OTLP_HEADERS form
     otel_service_name: str = "llmtap"
+    # Credential injection (opt-in): the environment variable holding the real upstream key, for the
+    # default route and per route prefix. The client's own credential is then replaced.
     upstream_key_env: str | None = None
     route_key_env: dict[str, str] = field(default_factory=dict)
 

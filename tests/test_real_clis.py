@@ -214,8 +214,9 @@ async def test_codex_built_in_provider_over_websocket(clis: Path, sim: Simulator
     found = rows(proxy)
     # one WebSocket: a prewarm response.create ("generate": false), then the turn; one row per response
     assert [(r["method"], r["path"], r["status"]) for r in found] == [("GET", "/v1/responses", 101)] * 2
-    for row in found:
-        generation(row, "codex", "openai_responses")
+    generation(found[1], "codex", "openai_responses")
+    prewarm = found[0]  # "generate": false: the upstream answers without output
+    assert (prewarm["tool"], prewarm["dialect"], prewarm["outcome"], prewarm["output_tokens"]) == ("codex", "openai_responses", "ok", 0)
     assert found[0]["message_count"] == 1 and found[1]["message_count"] > 1
     assert [(m, p) for m, p, _, _ in sim.requests] == [("GET", "/v1/responses")]
     assert sim.requests[0][2]["openai-beta"].startswith("responses_websockets=")

@@ -311,8 +311,9 @@ async def test_capacity_slows_tokens_when_exceeded() -> None:
         assert sim.active_streams == 2
         (start, first), _ = await pair
         assert sim.active_streams == 0
-    assert solo_ms == pytest.approx(100, abs=25)
-    assert (first[-1] - start) * 1000 == pytest.approx(200, abs=40)  # delays doubled at 2 streams / capacity 1
+    pair_ms = (first[-1] - start) * 1000
+    assert solo_ms == pytest.approx(100, abs=40)
+    assert 1.5 * solo_ms < pair_ms < 320  # delays doubled at 2 streams / capacity 1 (loose: CI machines are busy)
 
 
 async def test_gzip_streams_and_bodies(sim: Simulator) -> None:
