@@ -37,6 +37,10 @@ class _Codec(Protocol):
         """Decompress `data` (and whatever input is still buffered), `size` bytes at most at a time."""
         ...
 
+    def complete(self) -> bool:
+        """The compressed stream's end was seen."""
+        ...
+
 
 class _Zlib:
     def __init__(self, wbits: int) -> None:
@@ -61,6 +65,9 @@ class _Zlib:
                 return
             out = self._d.decompress(tail, size)
 
+    def complete(self) -> bool:
+        return self._d.eof
+
 
 class _Brotli:
     def __init__(self) -> None:
@@ -78,6 +85,9 @@ class _Brotli:
             if not out or self._d.can_accept_more_data():
                 return
             out = self._d.process(b"", output_buffer_limit=size)
+
+    def complete(self) -> bool:
+        return bool(self._d.is_finished())
 
 
 class _Zstd:
@@ -101,6 +111,9 @@ class _Zstd:
                 return
             else:
                 out = d.decompress(b"", size)
+
+    def complete(self) -> bool:
+        return self._d.eof
 
 
 def _codec(encoding: str) -> _Codec | None:
@@ -135,6 +148,11 @@ class StreamDecoder:
     def identity(self) -> bool:
         return not self._codecs
 
+    @property
+    def complete(self) -> bool:
+        """Every coding's end was seen (a whole body, not a cut one)."""
+        return all(codec.complete() for codec in self._codecs)
+
     def pieces(self, data: bytes) -> Iterator[bytes]:
         if self.exhausted:
             return
@@ -163,7 +181,10 @@ def decode_all(body: bytes, content_encoding: str | None, limit: int = DEFAULT_L
     """The whole of a compressed body, bounded; raises DecodeError on bad input."""
     try:
         decoder = StreamDecoder(content_encoding, limit)
-        return decoder.feed(body)
+        out = decoder.feed(body)
+        if not decoder.exhausted and not decoder.complete:
+            raise DecodeError(f"the {content_encoding} body is truncated")
+        return out
     except DecodeError:
         raise
     except Exception as exc:  # zlib.error, brotli.error, ZstdError

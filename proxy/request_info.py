@@ -8,19 +8,13 @@ not is recorded in `request_parse_error` and forwarded untouched all the same.
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import brotli
 import orjson
 
-try:
-    from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
-except ImportError:
-    from backports import zstd  # type: ignore[import-not-found, no-redef]
-
+from proxy.decode import decode_all
 from proxy.dialects.base import Dialect
 from proxy.dialects.detect import detect_dialect
 from proxy.dialects.gemini import Gemini
@@ -88,62 +82,11 @@ def _json_body(
 
 
 def decode_body(body: bytes, content_encoding: str, limit: int = MAX_DECODED_BYTES) -> bytes:
-    """Undo each Content-Encoding, last applied first; at most `limit` bytes out."""
-    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
-    for coding in reversed(codings):
-        if coding != "identity":
-            body = _decode_one(body, coding, limit)
-    return body
-
-
-def _decode_one(body: bytes, coding: str, limit: int) -> bytes:
-    if coding in ("gzip", "x-gzip"):
-        return _zlib(body, zlib.MAX_WBITS | 16, limit)
-    if coding == "deflate":  # zlib-wrapped as the RFC says, raw as some send it
-        try:
-            return _zlib(body, zlib.MAX_WBITS, limit)
-        except zlib.error:
-            return _zlib(body, -zlib.MAX_WBITS, limit)
-    if coding == "br":
-        return _brotli(body, limit)
-    if coding == "zstd":
-        return _zstd(body, limit)
-    raise ValueError("unsupported")
-
-
-def _zlib(body: bytes, wbits: int, limit: int) -> bytes:
-    decoder = zlib.decompressobj(wbits)
-    out = decoder.decompress(body, limit + 1)
+    """Undo each Content-Encoding (with proxy.decode); more than `limit` bytes out is BodyTooLarge."""
+    out = decode_all(body, content_encoding, limit + 1)
     if len(out) > limit:
         raise BodyTooLarge(f"decodes to more than {limit} bytes")
     return out
-
-
-def _brotli(body: bytes, limit: int) -> bytes:
-    decoder = brotli.Decompressor()
-    try:
-        out = decoder.process(body, output_buffer_limit=limit + 1)
-    except TypeError:  # brotli < 1.2 has no output limit
-        out = decoder.process(body)
-    if len(out) > limit:
-        raise BodyTooLarge(f"decodes to more than {limit} bytes")
-    return out
-
-
-def _zstd(body: bytes, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while body:  # a body may hold several frames
-        decoder = zstd.ZstdDecompressor()
-        part = decoder.decompress(body, limit + 1 - size)
-        size += len(part)
-        if size > limit:
-            raise BodyTooLarge(f"decodes to more than {limit} bytes")
-        if not decoder.eof:
-            raise ValueError("truncated zstd frame")
-        parts.append(part)
-        body = decoder.unused_data
-    return b"".join(parts)
 
 
 def _from_path(info: RequestInfo, path: str, obj: Any) -> None:
