@@ -26,6 +26,7 @@ from .fingerprint import key_fingerprint, secret_fingerprint
 from .redact import redact, request_secrets
 from .request_info import parse_request
 from .sse import SSEParser
+from .stats import quantile
 
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
 # One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
@@ -261,8 +262,8 @@ class Meter:
             "first_text_ms": _ms(r, self.first_text),
             "last_token_ms": _ms(r, last),
             "e2e_ms": _ms(r, end_ns),
-            "gap_p50_ms": _quantile(gaps, 0.5),
-            "gap_p99_ms": _quantile(gaps, 0.99),
+            "gap_p50_ms": _gap_ms(gaps, 0.5),
+            "gap_p99_ms": _gap_ms(gaps, 0.99),
             "gap_max_ms": gaps[-1] / 1e6 if gaps else None,
             "output_events": len(times),
         }
@@ -288,12 +289,6 @@ class Meter:
         }
 
 
-def _quantile(sorted_ns: list[int], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default), in ms."""
-    if not sorted_ns:
-        return None
-    pos = (len(sorted_ns) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_ns) - 1)
-    value = sorted_ns[lo] + (sorted_ns[hi] - sorted_ns[lo]) * (pos - lo)
-    return value / 1e6
+def _gap_ms(sorted_ns: list[int], q: float) -> float | None:
+    value = quantile(sorted_ns, q)
+    return None if value is None else value / 1e6

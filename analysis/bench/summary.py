@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from proxy.stats import quantile
+
 from .client import Result
 from .plan import Point
 
@@ -26,13 +28,7 @@ LATENCY_RISE = 0.10
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return quantile(sorted(values), q)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.stats import quantile as _sorted_quantile
+
 Row = dict[str, Any]
 RECENT = 50
 MAX_SESSIONS = 500
@@ -23,13 +25,7 @@ METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 def quantile(values: list[float], q: float) -> float | None:
     """Linear interpolation between closest ranks (numpy's default); `values` need not be sorted."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return _sorted_quantile(sorted(values), q)
 
 
 def ended(row: Row) -> float:

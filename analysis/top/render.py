@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, truncate
+from ..report import fmt_wall
 from .model import GroupStats, SessionStats, TopModel
 
 MIN_LABEL = 10
@@ -128,16 +129,6 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
     return Section(Line(truncate(text, width), heading=True), [])
 
 
-def _wall(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-
-
 def _requests(s: SessionStats) -> str:
     """Finished requests, `+N` for those in flight."""
     return f"{s.requests}+{s.live}" if s.live else str(s.requests)
@@ -149,7 +140,7 @@ def sessions_section(model: TopModel, width: int) -> Section:
         (s.session_id,
          [_name(s.tool), _requests(s), fmt_ms(s.ttft_total_ms), fmt_ms(s.ttft_p95_ms),
           fmt_count(s.input_tokens), fmt_count(s.output_tokens),
-          fmt_pct(s.cache_read_share, scale=100), _wall(s.wall_s)])
+          fmt_pct(s.cache_read_share, scale=100), fmt_wall(s.wall_s)])
         for s in stats
     ], width)
 
