@@ -33,6 +33,7 @@ from .formatting import plain
 from .remote import RemoteError, enable_httpfs, is_remote
 from .source import FileSource, Source, SourceError
 from .views import DERIVED_COLUMNS
+from proxy import duck
 
 FORMATS = ("parquet", "csv")
 TABLES = ("requests", "chunks")
@@ -118,7 +119,7 @@ def copy_through(source: Source, table: str, filters: Filters, target: Path | st
         spec = ", ".join(f"{sql_string(c)}: {sql_string(t)}" for c, t in zip(columns, types))
         select = (f"SELECT * FROM read_json({sql_string(str(spool))}, format = 'newline_delimited',"
                   f" columns = {{{spec}}})")
-        with duckdb.connect() as con:
+        with duck.connect() as con:
             if is_remote(str(target)):
                 enable_httpfs(con, os.environ if env is None else env)
             con.execute(copy_sql(select, target, fmt, overwrite))
@@ -134,7 +135,7 @@ def count_written(directory: Path, fmt: str) -> list[tuple[str, int]]:
         return []
     pattern = sql_string(str(directory / "*" / f"*.{fmt}"))
     reader = "read_parquet" if fmt == "parquet" else "read_csv"
-    with duckdb.connect() as con:
+    with duck.connect() as con:
         rows = con.execute(
             f"SELECT CAST(day AS VARCHAR), count(*) FROM {reader}({pattern}, hive_partitioning = true)"
             " GROUP BY 1 ORDER BY 1"
@@ -180,7 +181,7 @@ def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrit
                   env: Mapping[str, str]) -> list[Written]:
     """`export` to object storage: the same layout, written and counted through httpfs."""
     targets = {table: f"{url.rstrip('/')}/{table}" for table in TABLES}
-    with duckdb.connect() as con:
+    with duck.connect() as con:
         enable_httpfs(con, env)
         if not overwrite:
             taken = [t for t in targets.values() if _remote_files(con, t, "*")]

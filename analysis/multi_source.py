@@ -38,6 +38,7 @@ from .filters import sql_identifier, sql_string
 from .remote import RemoteError, enable_httpfs, is_remote
 from .source import FileSource, SourceError
 from .views import views_sql
+from proxy import duck
 
 CATALOG = "memory"  # an in-memory DuckDB's catalog
 _GLOB = set("*?[")
@@ -73,7 +74,7 @@ def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None) -> 
     if not specs:
         raise SourceError("--from needs at least one database or export")
     inputs = _unique([classify(spec) for spec in _expand(specs)])
-    con = duckdb.connect()
+    con = duck.connect()
     try:
         if any(is_remote(i.requests) for i in inputs):
             enable_httpfs(con, os.environ if env is None else env)

@@ -2,9 +2,8 @@
 
 A location is remote when it has a URL scheme (`s3://bucket/prefix`; httpfs
 also reads `gcs://`, `r2://` and `https://`). httpfs is loaded on the
-connection that reads or writes it, installed first if it is missing (that
-download needs network access once; DuckDB keeps it in
-~/.duckdb/extensions).
+connection that reads or writes it. llmtap never downloads it: install it
+once yourself (`INSTALL httpfs`; DuckDB keeps it in ~/.duckdb/extensions).
 
 Credentials: when AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are set, a
 temporary S3 secret is made from them and AWS_SESSION_TOKEN, AWS_REGION (or
@@ -36,18 +35,14 @@ def is_remote(location: str) -> bool:
 
 
 def enable_httpfs(con: duckdb.DuckDBPyConnection, env: Mapping[str, str]) -> None:
-    """Load httpfs on `con` (installing it if needed) and add the S3 secret from `env`, if any."""
+    """Load httpfs on `con` (it must be installed already) and add the S3 secret from `env`, if any."""
     try:
         con.execute("LOAD httpfs")
-    except duckdb.Error:
-        try:
-            con.execute("INSTALL httpfs")
-            con.execute("LOAD httpfs")
-        except duckdb.Error as exc:
-            raise RemoteError(
-                "reading or writing object storage needs DuckDB's httpfs extension, and it could not be"
-                f" installed: {str(exc).splitlines()[0]}. Install it once where there is network access:"
-                " python -c \"import duckdb; duckdb.execute('INSTALL httpfs')\"") from None
+    except duckdb.Error as exc:
+        raise RemoteError(
+            "reading or writing object storage needs DuckDB's httpfs extension, which is not installed"
+            f" ({str(exc).splitlines()[0]}). llmtap downloads nothing by itself; install it once with:"
+            " python -c \"import duckdb; duckdb.execute('INSTALL httpfs')\"") from None
     secret = s3_secret_sql(env)
     if secret is not None:
         con.execute(secret)

@@ -23,6 +23,7 @@ import duckdb
 from proxy import paths
 
 from .views import create_views
+from proxy import duck
 
 TOKEN_HEADER = "X-Llmtap-Admin-Token"
 # The proxy listens on this machine: never send its admin queries through HTTP(S)_PROXY.
@@ -109,7 +110,7 @@ def open_source(db_path: str | Path) -> Source:
     if not path.exists():
         raise SourceError(f"no database at {path} yet: run `llmtap serve` or `llmtap demo` first")
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = duck.connect(path, read_only=True)
     except (duckdb.IOException, duckdb.ConnectionException) as exc:
         if not _is_lock_error(exc):
             raise SourceError(f"cannot open {path}: {exc}") from None

@@ -28,6 +28,7 @@ import duckdb
 
 from .migrations import migrate
 from .schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
+from . import duck
 
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
@@ -485,7 +486,7 @@ def open_readonly(path: str | Path) -> duckdb.DuckDBPyConnection:
     if not path.exists():
         raise StoreError(f"no database at {path}: run `llmtap serve` to record one")
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = duck.connect(path, read_only=True)
     except duckdb.Error as exc:
         raise _open_error(path, exc) from exc
     con.execute("SET TimeZone = 'UTC'")
@@ -499,7 +500,7 @@ def _open_for_writing(path: Path) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"cannot create the directory for the database {path}: {exc.strerror}") from exc
     try:
         with _private_umask():
-            return duckdb.connect(str(path))
+            return duck.connect(path)
     except duckdb.Error as exc:
         raise _open_error(path, exc) from exc
 

@@ -13,6 +13,7 @@ from .. import paths
 from ..config import ServeConfig
 from .check import Check, fail, ok, warn
 from .endpoint import LiveProxy, connect_host, health, read_state
+from proxy import duck
 
 
 def running_proxy(live: LiveProxy | None) -> Check:
@@ -61,7 +62,7 @@ def database(db_path: Path, live: LiveProxy | None) -> Check:
     if not os.access(db_path, os.W_OK):
         return fail(subject, "is not writable by this user", f"fix its permissions (chmod u+w {db_path}) or use --db")
     try:
-        duckdb.connect(str(db_path)).close()
+        duck.connect(db_path).close()
     except duckdb.Error as exc:
         message = str(exc).splitlines()[0]
         if "lock" in message.lower():
