@@ -12,15 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "overhead.py"
-sys.path.insert(0, str(SCRIPT.parent))
-
-from overhead_report import REQUIRED, TARGETS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
 @pytest.mark.timeout(90)
-def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
+def test_quick_run_reports_every_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from overhead_report import REQUIRED, TARGETS
+
     out = tmp_path / "overhead.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-nginx", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

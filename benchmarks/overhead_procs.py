@@ -1,0 +1,310 @@
+"""The processes of benchmarks/overhead.py: each one started pinned to a CPU, read through
+/proc, and always stopped (SIGTERM, then SIGKILL; a child also gets SIGTERM if the
+benchmark itself dies, through PR_SET_PDEATHSIG)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
+TASKSET = shutil.which("taskset")
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+try:
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    _prctl = None
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot go on; the message says why."""
+
+
+def pick_cpus() -> tuple[int | None, int | None]:
+    """(load CPU, proxy CPU): the upstream and the load generators share the first, the proxy gets the second."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return None, None
+    return (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
+
+
+def pin_self(cpu: int | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_setup(cpu: int | None) -> Callable[[], None]:
+    def setup() -> None:
+        if _prctl is not None:
+            _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the benchmark
+        if cpu is not None and TASKSET is None:
+            os.sched_setaffinity(0, {cpu})
+    return setup
+
+
+class Procs:
+    """Every process the benchmark starts; `close()` (or leaving `with`) stops them all."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.running: list[tuple[str, subprocess.Popen]] = []
+
+    def __enter__(self) -> "Procs":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, name: str, argv: list[str], cpu: int | None, *, env: dict[str, str] | None = None,
+              pipe: bool = False) -> subprocess.Popen:
+        """Start `argv` on `cpu`; its output goes to <workdir>/<name>.log unless `pipe`."""
+        if cpu is not None and TASKSET is not None:
+            argv = [TASKSET, "-c", str(cpu), *argv]
+        log = self.log_path(name)
+        out = subprocess.PIPE if pipe else open(log, "wb")
+        err = open(log.with_suffix(".err.log") if pipe else log, "ab")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if pipe else subprocess.DEVNULL, stdout=out,
+                                    stderr=err, env=env, preexec_fn=_child_setup(cpu), text=pipe)
+        finally:
+            if not pipe:
+                out.close()
+            err.close()
+        self.running.append((name, proc))
+        return proc
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def log_tail(self, name: str, chars: int = 2000) -> str:
+        text = ""
+        for path in (self.log_path(name), self.log_path(name).with_suffix(".err.log")):
+            if path.exists():
+                text += path.read_text(errors="replace")[-chars:]
+        return text.strip()
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        self.running = [(n, p) for n, p in self.running if p is not proc]
+        _stop(proc)
+
+    def close(self) -> None:
+        running, self.running = self.running, []
+        for _, proc in running:  # signal them all first, then wait for each
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for _, proc in reversed(running):
+            _stop(proc)
+
+    def wait_ready(self, name: str, proc: subprocess.Popen, ready: Callable[[], str | None]) -> str:
+        """Poll `ready()` until it gives a URL, the process dies, or START_TIMEOUT_S passes."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            url = ready()
+            if url:
+                return url
+            if proc.poll() is not None:
+                raise BenchError(f"{name} exited with status {proc.returncode}:\n{self.log_tail(name)}")
+            time.sleep(0.05)
+        raise BenchError(f"{name} did not start in {START_TIMEOUT_S:.0f} s:\n{self.log_tail(name)}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+
+
+# -- the processes under test ----------------------------------------------------------
+
+
+def start_upstream(procs: Procs, cpu: int | None, ttft_ms: float, itl_ms: float, tokens: int) -> str:
+    """`llmtap mock-upstream` with no capacity limit and no prefill time."""
+    argv = [*LLMTAP, "mock-upstream", "--port", "0", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+            "--tokens", str(tokens), "--prefill-us-per-token", "0", "--capacity", "0"]
+    proc = procs.start("upstream", argv, cpu)
+    log = procs.log_path("upstream")
+
+    def ready() -> str | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if "listening on " in line:
+                return line.split("listening on ", 1)[1].strip()
+        return None
+
+    return procs.wait_ready("upstream", proc, ready)
+
+
+def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, measure: bool) -> tuple[subprocess.Popen, str]:
+    """`llmtap serve` on a free port, its own data directory and database; --quiet (no per-request line)."""
+    home = procs.workdir / name
+    home.mkdir(exist_ok=True)
+    state = home / "serve.json"
+    state.unlink(missing_ok=True)
+    env = {**os.environ, "LLMTAP_HOME": str(home), "LLMTAP_CONFIG": str(home / "none.toml")}
+    argv = [*LLMTAP, "serve", "--port", "0", "--upstream", upstream, "--db", str(home / "bench.duckdb"), "--quiet"]
+    if not measure:
+        argv.append("--no-measure")
+    proc = procs.start(name, argv, cpu, env=env)
+
+    def ready() -> str | None:
+        try:
+            info = json.loads(state.read_text())
+        except (OSError, ValueError):
+            return None
+        return f"http://{info['host']}:{info['port']}"
+
+    return proc, procs.wait_ready(name, proc, ready)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    keepalive_requests 1000000;
+    upstream sim {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 1024;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = /_llmtap/health {{
+            default_type application/json;
+            return 200 '{{"ok":true}}';
+        }}
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(procs: Procs, cpu: int | None, upstream: str) -> tuple[subprocess.Popen, str]:
+    """nginx as a reference relay: one worker, no buffering, HTTP/1.1 keepalive to the upstream."""
+    binary = nginx_binary()
+    if binary is None:
+        raise BenchError("nginx is not installed")
+    conf_dir = procs.workdir / "nginx"
+    conf_dir.mkdir(exist_ok=True)
+    port = free_port()
+    conf = conf_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=conf_dir, port=port, upstream_port=upstream.rsplit(":", 1)[1]))
+    proc = procs.start("nginx", [binary, "-p", str(conf_dir), "-e", str(conf_dir / "nginx-error.log"),
+                                 "-c", str(conf)], cpu)
+
+    def ready() -> str | None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return None
+        return f"http://127.0.0.1:{port}"
+
+    return proc, procs.wait_ready("nginx", proc, ready)
+
+
+# -- /proc ----------------------------------------------------------------------------------
+
+
+def tree(pid: int) -> list[int]:
+    """pid and its children (nginx's worker)."""
+    pids = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                pids.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return pids
+
+
+def cpu_times(pids: list[int]) -> tuple[float, float]:
+    """(utime, stime) of the processes (all their threads), in seconds."""
+    user = system = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user += int(fields[11])  # fields 14 and 15 of stat(5)
+        system += int(fields[12])
+    return user / CLK_TCK, system / CLK_TCK
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    return sum(cpu_times(pids))
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise BenchError(f"no VmRSS for PID {pid}")
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:  # pragma: no cover
+        return []
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover
+        pass
+    return "unknown"

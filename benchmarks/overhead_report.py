@@ -1,0 +1,129 @@
+"""Figures of benchmarks/overhead.py: per-round values, medians across rounds, the targets, the table."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+DIRECT, LLMTAP, RELAY, NGINX = "direct", "llmtap", "relay", "nginx"
+LABELS = {DIRECT: "direct", LLMTAP: "llmtap", RELAY: "llmtap --no-measure", NGINX: "nginx"}
+PROXIES = (LLMTAP, RELAY, NGINX)
+
+# (figure, row label, unit, added over direct?)
+ROWS: tuple[tuple[str, str, str, bool], ...] = (
+    ("ttft_p50_ms_single", "TTFT p50, 1 stream", "ms", True),
+    ("ttft_p99_ms_single", "TTFT p99, 1 stream", "ms", True),
+    ("ttft_p50_ms_concurrent", "TTFT p50, {n} streams", "ms", True),
+    ("ttft_p99_ms_concurrent", "TTFT p99, {n} streams", "ms", True),
+    ("itl_p99_ms_concurrent", "per-chunk gap p99, {n} streams", "ms", True),
+    ("cpu_us_per_chunk", "CPU per relayed chunk", "µs", False),
+    ("cpu_us_per_chunk_with_probe", "  with the health probe's", "µs", False),
+    ("cpu_user_us_per_chunk", "  user (with the probe's)", "µs", False),
+    ("cpu_sys_us_per_chunk", "  kernel (with the probe's)", "µs", False),
+    ("probe_cpu_pct_idle", "  the probe alone (idle)", "%", False),
+    ("saturation_rps", "non-streaming req/s, {c} conns", "req/s", False),
+    ("saturation_cpu_pct", "  relay's CPU meanwhile", "%", False),
+    ("measure_cost_pct", "req/s lost to measuring+storing", "%", False),
+    ("rss_kib_per_stream", "RSS per open stream ({o} open)", "KiB", False),
+    ("health_p99_idle_ms", "health GET p99, idle", "ms", False),
+    ("health_p99_load_ms", "health GET p99, {n} streams", "ms", False),
+    ("loop_lag_p99_ms", "loop lag p99 (load p99 - idle p50)", "ms", False),
+    # informative only: the proxy's own timer-lag probe, its last minute, read after the N-stream phase
+    ("inproxy_lag_p99_ms", "in-proxy timer lag p99 (last minute)", "ms", False),
+)
+
+# (figure of the llmtap column, limit, how it is compared)
+TARGETS: tuple[tuple[str, float, str], ...] = (
+    ("ttft_p50_ms_concurrent", 0.5, "<="),
+    ("ttft_p99_ms_concurrent", 2.0, "<="),
+    ("itl_p99_ms_concurrent", 0.5, "<="),
+    ("cpu_us_per_chunk", 60.0, "<="),
+    ("saturation_rps", 3500.0, ">="),
+    ("measure_cost_pct", 15.0, "<="),
+    ("rss_kib_per_stream", 50.0, "<="),
+)
+
+# Every figure the llmtap column must have (the smoke test checks them).
+REQUIRED = tuple(name for name, *_ in ROWS if name != "inproxy_lag_p99_ms")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks; NaN for no values."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def median(values: list[float]) -> float:
+    clean = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(clean) if clean else math.nan
+
+
+def added(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+    """Each round with the "added over direct" figures (paired within the round) and the measuring cost."""
+    out = []
+    for values in rounds:
+        direct = values.get(DIRECT, {})
+        row: dict[str, dict[str, Any]] = {DIRECT: dict(direct)}
+        for target in PROXIES:
+            if target not in values:
+                continue
+            fig = dict(values[target])
+            for name, _, _, is_added in ROWS:
+                if is_added and name in fig and name in direct:
+                    fig[name] = fig[name] - direct[name]
+            row[target] = fig
+        if LLMTAP in values and RELAY in values:
+            relay_rps = values[RELAY].get("saturation_rps", math.nan)
+            row[LLMTAP]["measure_cost_pct"] = (1 - values[LLMTAP].get("saturation_rps", math.nan) / relay_rps) * 100
+        out.append(row)
+    return out
+
+
+def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    targets = {t for r in rounds for t in r}
+    result: dict[str, dict[str, float]] = {}
+    for target in [t for t in (DIRECT, *PROXIES) if t in targets]:
+        names = {n for r in rounds for n, v in r.get(target, {}).items() if isinstance(v, (int, float))}
+        result[target] = {n: median([r[target][n] for r in rounds if n in r.get(target, {})]) for n in sorted(names)}
+    return result
+
+
+def checks(figures: dict[str, float]) -> list[dict[str, Any]]:
+    out = []
+    for name, limit, op in TARGETS:
+        value = figures.get(name, math.nan)
+        ok = not math.isnan(value) and (value <= limit if op == "<=" else value >= limit)
+        out.append({"figure": name, "value": value, "target": f"{op} {limit:g}", "pass": ok})
+    return out
+
+
+def _cell(value: float | None, signed: bool) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:+,.0f}" if signed else f"{value:,.0f}"
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def table(med: dict[str, dict[str, float]], params: dict[str, Any]) -> str:
+    """Direct as it is; the proxies as added over direct (+) where the row says so."""
+    cols = [t for t in (DIRECT, *PROXIES) if t in med]
+    verdicts = {c["figure"]: c for c in checks(med.get(LLMTAP, {}))}
+    head = f"{'':40}" + "".join(f"{LABELS[c]:>21}" for c in cols) + f"{'target':>11}  "
+    lines = [head, "-" * len(head)]
+    for name, label, unit, is_added in ROWS:
+        text = label.format(n=params["streams"], c=params["connections"], o=params["open_streams"])
+        cells = []
+        for col in cols:
+            value = med[col].get(name)
+            cells.append(f"{_cell(value, is_added and col != DIRECT):>21}")
+        check = verdicts.get(name)
+        verdict = f"{check['target']:>11}  {'PASS' if check['pass'] else 'MISS'}" if check else ""
+        lines.append(f"{text + ' (' + unit + ')':40}" + "".join(cells) + verdict)
+    return "\n".join(lines)
