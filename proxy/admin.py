@@ -27,6 +27,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _is_loopback(remote: str | None) -> bool:
+    if remote == "127.0.0.1" or remote == "::1":  # the common case, without parsing
+        return True
     try:
         ip = ipaddress.ip_address(remote or "")
     except ValueError:

@@ -7,7 +7,6 @@ import re
 import ssl
 import urllib.parse
 from time import perf_counter_ns
-from types import SimpleNamespace
 from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -100,19 +99,6 @@ async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web
     return await handler(request)
 
 
-def _trace_config() -> aiohttp.TraceConfig:
-    """Marks when the request's headers were written to the upstream connection."""
-    trace = aiohttp.TraceConfig()
-
-    async def headers_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
-        meter = ctx.trace_request_ctx
-        if isinstance(meter, Meter):
-            meter.upstream_sent = perf_counter_ns()
-
-    trace.on_request_headers_sent.append(headers_sent)
-    return trace
-
-
 def _ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
 
@@ -125,7 +111,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     state.session = aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[_trace_config()] if cfg.measure else None,
+        cookie_jar=aiohttp.DummyCookieJar(),
         **HTTP_LIMITS,
     )
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup

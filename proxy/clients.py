@@ -10,8 +10,11 @@ the Stainless SDKs `{ClientClass}/Python {version}` and `OpenAI/JS {version}`.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy
 
 # First match wins; patterns are matched against the whole User-Agent.
 _UA_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -36,14 +39,22 @@ _FIRST_TOKEN = re.compile(r"[^\s/;(]+")
 
 
 def tool_from_headers(headers: Mapping[str, str]) -> str | None:
-    lowered = {k.lower(): v for k, v in headers.items()}
-    ua = lowered.get("user-agent", "").strip()
-    if lowered.get("originator", "").lower().startswith("codex"):
+    if isinstance(headers, (CIMultiDict, CIMultiDictProxy)):
+        get = headers.get
+    else:
+        get = {k.lower(): v for k, v in headers.items()}.get
+    return _tool(get("user-agent", ""), get("originator", ""), get("x-app", ""))
+
+
+@functools.lru_cache(maxsize=1024)  # a machine sees a handful of distinct clients
+def _tool(user_agent: str, originator: str, x_app: str) -> str | None:
+    ua = user_agent.strip()
+    if originator.lower().startswith("codex"):
         return "codex"
     for pattern, tool in _UA_RULES:
         if pattern.search(ua):
             return tool
-    if lowered.get("x-app", "").lower() == "cli":  # Claude Code with a custom UA
+    if x_app.lower() == "cli":  # Claude Code with a custom UA
         return "claude-code"
     match = _FIRST_TOKEN.match(ua)
     return match.group(0).lower() if match else None

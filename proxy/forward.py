@@ -135,11 +135,13 @@ async def _relay(
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
                          path: str, route: Route) -> aiohttp.ClientResponse:
     host = route.upstream.host
+    headers = upstream_headers(request, route, path)
+    if meter is not None:
+        meter.upstream_sent = perf_counter_ns()  # handed to the connection pool: llmtap's own part ends
     try:
         return await state.session.request(
-            request.method, url, headers=upstream_headers(request, route, path), data=body or None,
+            request.method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
-            trace_request_ctx=meter,
         )
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         message = f"upstream {host} did not answer in time ({_cause(exc, 'timed out')})"

@@ -14,6 +14,8 @@ class LoopLag:
     def __init__(self, interval_s: float = 0.05, window: int = 1200) -> None:
         self.interval_s = interval_s
         self.samples: deque[float] = deque(maxlen=window)  # ms; 1,200 × 50 ms = the last minute
+        self._cached: dict[str, float | None] | None = None
+        self._cached_at = 0.0
 
     async def run(self) -> None:
         while True:
@@ -22,6 +24,13 @@ class LoopLag:
             self.samples.append(max(0.0, (perf_counter() - start - self.interval_s) * 1000))
 
     def summary(self) -> dict[str, float | None]:
+        """p50/p99/max over the window; computed at most once a second, however often asked."""
+        now = perf_counter()
+        if self._cached is None or now - self._cached_at > 1.0:
+            self._cached, self._cached_at = self._summarise(), now
+        return self._cached
+
+    def _summarise(self) -> dict[str, float | None]:
         ordered = sorted(self.samples)
         if not ordered:
             return {"p50_ms": None, "p99_ms": None, "max_ms": None}

@@ -88,6 +88,7 @@ class PrometheusMetrics:
         self.requests = Counter("llmtap_requests", "Finished requests by outcome.",
                                 (*LABELS, "outcome"), registry=reg)
         reg.register(_RuntimeCollector(store_stats, loop_lag, self))
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def observe(self, row: Mapping[str, Any]) -> None:
         """Count one finished request. Never raises: a bad row only bumps a counter."""
@@ -99,24 +100,31 @@ class PrometheusMetrics:
     def _observe(self, row: Mapping[str, Any]) -> None:
         labels = (self.bounded["route"](row.get("route")), self.bounded["model"](row.get("request_model")),
                   self.bounded["tool"](row.get("tool")), status_class(row.get("status")))
-        self.requests.labels(*labels, row.get("outcome") or NONE).inc()
-        _seconds(self.duration, labels, row.get("e2e_ms"))
+        self._child(self.requests, (*labels, row.get("outcome") or NONE)).inc()
+        self._seconds(self.duration, labels, row.get("e2e_ms"))
         if row.get("stream"):
-            _seconds(self.ttft, labels, row.get("ttft_ms"))
-        _seconds(self.tpot, labels, row.get("tpot_ms"))
+            self._seconds(self.ttft, labels, row.get("ttft_ms"))
+        self._seconds(self.tpot, labels, row.get("tpot_ms"))
         for token_type, column in TOKEN_TYPES:
             value = row.get(column)
             if value is not None:
-                self.tokens.labels(*labels, token_type).observe(value)
+                self._child(self.tokens, (*labels, token_type)).observe(value)
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        """`metric.labels(*labels)`, cached: prometheus_client's lookup is slow, and labels are bounded."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def _seconds(self, histogram: Histogram, labels: tuple[str, ...], ms: Any) -> None:
+        if ms is not None:
+            self._child(histogram, labels).observe(ms / 1000.0)
 
     def render(self) -> tuple[bytes, str]:
         """The scrape body and its Content-Type (text format 0.0.4, read by every Prometheus)."""
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
-
-
-def _seconds(histogram: Histogram, labels: tuple[str, ...], ms: Any) -> None:
-    if ms is not None:
-        histogram.labels(*labels).observe(ms / 1000.0)
 
 
 class _RuntimeCollector:
