@@ -228,7 +228,10 @@ def demo(db_path: Path | None) -> None:
     """
     from proxy.server import run
 
-    from .demo import run_demo
+    try:
+        from .demo import run_demo
+    except ImportError as exc:
+        raise click.ClickException(f"the demo needs the official SDKs ({exc.name}): pip install 'llmtap[demo]'") from None
 
     if db_path is None:
         db_path = paths.data_dir() / "demo.duckdb"
