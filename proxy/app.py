@@ -14,8 +14,7 @@ from aiohttp import web
 
 from . import admin, websocket
 from .errors import error_response
-from .headers import TAG_HEADER
-from .forward import TAG_KEY, relay, split_raw_path
+from .forward import TAG_KEY, relay, request_tag, split_raw_path
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
@@ -80,8 +79,7 @@ def reject(request: web.Request, path: str, received: int, status: int, message:
     state = request.app[STATE]
     if state.config.measure:
         meter = Meter(received_ns=received, method=request.method, path=path, query={},
-                      headers=request.headers, route="", upstream_host="",
-                      tag=request.get(TAG_KEY) or request.headers.get(TAG_HEADER) or state.config.tag)
+                      headers=request.headers, route="", upstream_host="", tag=request_tag(request, state))
         meter.status = status
         state.record(meter, "http_error", (code, message))
     return error_response(path, status, message, code)

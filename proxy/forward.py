@@ -60,6 +60,11 @@ def split_raw_path(raw: str) -> tuple[str, str]:
 TAG_KEY = web.RequestKey("llmtap_tag", str)  # set by dispatch from a /_tag/<tag>/ path prefix
 
 
+def request_tag(request: web.Request, state: ProxyState) -> str | None:
+    """A /_tag/<tag>/ base URL, else the X-Llmtap-Tag header, else `serve --tag`."""
+    return request.get(TAG_KEY) or request.headers.get(TAG_HEADER) or state.config.tag
+
+
 def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, received: int) -> Meter | None:
     cfg = state.config
     if not cfg.measure:
@@ -74,7 +79,7 @@ def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, 
         headers=request.headers,
         route=route.label,
         upstream_host=route.upstream.host or "",
-        tag=request.get(TAG_KEY) or request.headers.get(TAG_HEADER) or state.config.tag,
+        tag=request_tag(request, state),
     )
     meter.credential = route.credential
     state.inflight[meter.id] = meter
