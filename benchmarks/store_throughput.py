@@ -1,10 +1,11 @@
 """Rows per second the store writes, with the insert method it uses and the alternatives.
 
-  store           end to end through Store.put() and Store.flush(), which inserts with
-                  INSERT INTO t SELECT c0::T0, ... FROM (SELECT unnest($1) AS c0, ...)
-                  and one duckdb.ListValue of the column's type per parameter
-  typed unnest    the same INSERTs on a bare connection, as many rows per INSERT as Store
-  untyped unnest  the same with plain Python lists (DuckDB infers their types)
+  store           end to end through Store.put() and Store.flush(), which inserts each
+                  batch as Arrow arrays built by nanoarrow (proxy/batch.py)
+  arrow           the same INSERTs on a bare connection, as many rows per INSERT as Store
+  typed unnest    INSERT INTO t SELECT c0::T0, ... FROM (SELECT unnest($1) AS c0, ...) with one
+                  duckdb.ListValue of the column's type per parameter (the store's method until
+                  it used Arrow): DuckDB converts each Python value itself
   executemany     INSERT INTO t VALUES (?, ...) once per row
 
 "stall" is the longest another thread waited for the GIL meanwhile: converting the
@@ -29,8 +30,10 @@ from typing import Any
 
 import duckdb
 
+from proxy.batch import CHUNKS, REQUESTS, Table
 from proxy.migrations import migrate
-from proxy.store import CHUNKS, REQUESTS, Store, _Table
+from proxy.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+from proxy.store import Store
 
 
 def request_row(i: int) -> dict[str, Any]:
@@ -105,7 +108,7 @@ def through_store(tmp: Path, n_requests: int, chunks_per_request: int) -> dict[s
     return {"rows_per_s": rows_written / elapsed, "put_us": put_s / n_requests * 1e6, "stall_ms": stall.worst_ms}
 
 
-def bare(tmp: Path, method: str, table: _Table, rows: list[Any]) -> dict[str, float]:
+def bare(tmp: Path, method: str, table: Table, rows: list[Any]) -> dict[str, float]:
     con = duckdb.connect(str(fresh_db(tmp)))
     migrate(con)
     with StallMeter() as stall:
@@ -114,20 +117,29 @@ def bare(tmp: Path, method: str, table: _Table, rows: list[Any]) -> dict[str, fl
         if method == "executemany":
             sql = f"INSERT INTO {table.name} VALUES ({', '.join('?' * len(table.names))})"
             con.executemany(sql, [tuple(r[n] for n in table.names) if isinstance(r, dict) else r for r in rows])
+        elif method == "arrow":
+            table.insert(con, rows)
         else:
+            sql = typed_unnest_sql(table)
+            types = [duckdb.sqltype(t) for _, t in TYPES[table.name]]
             step = table.rows_per_insert
             for part in (rows[i:i + step] for i in range(0, len(rows), step)):
-                con.execute(table.sql, table.parameters(part) if method == "typed" else _plain(table, part))
+                columns = ([r[n] for r in part] for n in table.names) if table.name == "requests" else zip(*part)
+                con.execute(sql, [duckdb.ListValue(list(col), t) for col, t in zip(columns, types)])
         con.execute("COMMIT")
         elapsed = time.perf_counter() - started
     con.close()
     return {"rows_per_s": len(rows) / elapsed, "stall_ms": stall.worst_ms}
 
 
-def _plain(table: _Table, rows: list[Any]) -> list[list[Any]]:
-    if table.name == "requests":
-        return [[r.get(n) for r in rows] for n in table.names]
-    return [list(col) for col in zip(*rows)]
+TYPES = {"requests": REQUEST_COLUMNS, "chunks": CHUNK_COLUMNS}
+
+
+def typed_unnest_sql(table: Table) -> str:
+    columns = TYPES[table.name]
+    casts = ", ".join(f"c{i}::{t}" for i, (_, t) in enumerate(columns))
+    unnests = ", ".join(f"unnest(${i + 1}) AS c{i}" for i in range(len(columns)))
+    return f"INSERT INTO {table.name} ({', '.join(table.names)}) SELECT {casts} FROM (SELECT {unnests})"
 
 
 def median_of(n: int, fn: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
@@ -153,11 +165,11 @@ def main() -> None:
         c = median_of(args.runs, through_store, tmp, args.chunk_requests, args.chunks_per_request)
         lines.append(("store", "chunks", c, f"{args.chunk_requests:,} requests x {args.chunks_per_request}"
                       f" chunks, put() {c['put_us']:.1f} us"))
-        for method, n_req, n_chunk in (("typed", 20_000, 200_000), ("untyped", 20_000, 200_000),
+        for method, n_req, n_chunk in (("arrow", 20_000, 200_000), ("typed", 20_000, 200_000),
                                        ("executemany", 1_000, 10_000)):
             for table, data in ((REQUESTS, reqs[:n_req]), (CHUNKS, chunks[:n_chunk])):
                 res = median_of(args.runs, bare, tmp, method, table, data)
-                name = method if method == "executemany" else f"{method} unnest"
+                name = f"{method} unnest" if method == "typed" else method
                 per_insert = "" if method == "executemany" else f", {table.rows_per_insert:,} per INSERT"
                 note = f"{len(data):,} rows{per_insert}"
                 lines.append((name, table.name, res, note))

@@ -2,9 +2,9 @@
 
 `put()` runs on the event loop for every request, so it only appends to a list
 under a short lock. One daemon thread takes everything pending about every
-`flush_interval_s` and writes it in one transaction. Each INSERT passes every
-column as one typed list parameter and unnests them: some 50 times faster than
-`executemany` (see benchmarks/store_throughput.py).
+`flush_interval_s` and writes it in one transaction, each table's rows as one
+Arrow batch (proxy/batch.py): some 200 times faster than `executemany` (see
+benchmarks/store_throughput.py).
 
 DuckDB lets one process open a file for writing, so while the proxy runs the CLI
 queries through it: `query()` runs one read-only statement on its own cursor,
@@ -26,9 +26,9 @@ from typing import Any
 
 import duckdb
 
-from .migrations import migrate
-from .schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 from . import duck
+from .batch import BODIES, CHUNKS, REQUESTS, Table
+from .migrations import migrate
 
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
@@ -74,37 +74,7 @@ class DatabaseLocked(StoreError):
         ))
 
 
-class _Table:
-    """How one table's rows become one INSERT: a list parameter per column, unnested."""
-
-    def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
-        self.name = name
-        self.names = [n for n, _ in columns]
-        self.types = [duckdb.sqltype(t) for _, t in columns]
-        # Converting Python values holds the GIL at times: short INSERTs keep the event loop's waits short.
-        self.rows_per_insert = rows_per_insert
-        casts = ", ".join(f"c{i}::{t}" for i, (_, t) in enumerate(columns))
-        unnests = ", ".join(f"unnest(${i + 1}) AS c{i}" for i in range(len(columns)))
-        self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT {casts} FROM (SELECT {unnests})"
-
-    def parameters(self, rows: list[Any]) -> list[duckdb.Value]:
-        """One typed list per column: typed, DuckDB converts each value without guessing
-        a common type, and holds the GIL for a few ms only (untyped: tens of ms)."""
-        if self.name == "requests":
-            columns: Any = ([row.get(name) for row in rows] for name in self.names)
-        else:
-            width = len(self.names)
-            if any(len(row) != width for row in rows):
-                raise ValueError(f"a chunk row is not a tuple of {width} values")
-            columns = zip(*rows)
-        return [duckdb.ListValue(list(col), t) for col, t in zip(columns, self.types)]
-
-
-REQUESTS = _Table("requests", REQUEST_COLUMNS, 2_000)
-CHUNKS = _Table("chunks", CHUNK_COLUMNS, 10_000)
-BODIES = _Table("bodies", BODY_COLUMNS, 200)
-
-Unit = list[tuple[_Table, list[Any]]]  # written in one transaction
+Unit = list[tuple[Table, list[Any]]]  # written in one transaction
 
 
 def _print_stderr(message: str) -> None:
@@ -348,9 +318,7 @@ class Store:
             cur.execute("BEGIN TRANSACTION")
             try:
                 for table, rows in unit:
-                    step = table.rows_per_insert
-                    for i in range(0, len(rows), step):
-                        cur.execute(table.sql, table.parameters(rows[i:i + step]))
+                    table.insert(cur, rows)
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
