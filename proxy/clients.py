@@ -14,7 +14,7 @@ import functools
 import re
 from collections.abc import Mapping
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from .headers import header_getter
 
 # First match wins; patterns are matched against the whole User-Agent.
 _UA_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -39,10 +39,7 @@ _FIRST_TOKEN = re.compile(r"[^\s/;(]+")
 
 
 def tool_from_headers(headers: Mapping[str, str]) -> str | None:
-    if isinstance(headers, (CIMultiDict, CIMultiDictProxy)):
-        get = headers.get
-    else:
-        get = {k.lower(): v for k, v in headers.items()}.get
+    get = header_getter(headers)
     return _tool(get("user-agent", ""), get("originator", ""), get("x-app", ""))
 
 

@@ -6,6 +6,8 @@ import hashlib
 import re
 from collections.abc import Mapping
 
+from .headers import header_getter
+
 SECRET_QUERY_PARAMS = ("key", "api_key", "access_token")
 _SECRET_PARAM = re.compile(
     r"(?i)(^|[&;])(" + "|".join(SECRET_QUERY_PARAMS) + r")=[^&;]*"
@@ -36,13 +38,13 @@ def secret_fingerprint(secret: str) -> str:
 
 
 def _credential(headers: Mapping[str, str], query: Mapping[str, str] | None) -> str | None:
-    lowered = {k.lower(): v for k, v in headers.items()}
-    auth = lowered.get("authorization", "").strip()
+    get = header_getter(headers)
+    auth = get("authorization", "").strip()
     if auth:
         scheme, _, rest = auth.partition(" ")
         return rest.strip() if scheme.lower() == "bearer" and rest.strip() else auth
     for name in ("x-api-key", "x-goog-api-key"):
-        value = lowered.get(name, "").strip()
+        value = get(name, "").strip()
         if value:
             return value
     return (query or {}).get("key") or None

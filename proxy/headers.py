@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from multidict import CIMultiDict, CIMultiDictProxy
 
 HOP_BY_HOP = frozenset(
@@ -16,6 +19,14 @@ HOP_BY_HOP = frozenset(
 TAG_HEADER = "x-llmtap-tag"
 REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", TAG_HEADER}
 RESPONSE_DROP = HOP_BY_HOP
+
+
+def header_getter(headers: Mapping[str, str]) -> Callable[..., Any]:
+    """A case-insensitive `get` for any headers mapping: aiohttp's own is used as is
+    (the hot path), a plain dict is lowered once."""
+    if isinstance(headers, (CIMultiDict, CIMultiDictProxy)):
+        return headers.get
+    return {k.lower(): v for k, v in headers.items()}.get
 
 
 def _named_by_connection(headers: CIMultiDictProxy[str]) -> set[str]:

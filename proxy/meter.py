@@ -44,9 +44,6 @@ def next_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
-def _ms(start_ns: int, t_ns: int | None) -> float | None:
-    return None if t_ns is None else (t_ns - start_ns) / 1e6
-
 
 class Meter:
     """Marks named after the moments they record; see the README's column list."""
@@ -186,23 +183,22 @@ class Meter:
         row.update(self._request_columns())
         row.update(self._timing_columns(end_ns))
         row.update(self._token_columns(row["e2e_ms"], row["ttft_ms"], row["last_token_ms"]))
-        row.update(
-            status=self.status,
-            response_model=d.response_model,
-            finish_reason=d.finish_reason,
-            response_bytes=self.response_bytes,
-            error_type=error[0] if error else None,
-            error_message=self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
-            outcome=outcome or self._outcome(),
-            parse_error=self._clean(self.broken or d.parse_error),
-            empty_choices_chunks=d.empty_choices_chunks,
-            retry_after=self.retry_after,
-        )
-        chunks = [
-            (self.id, i, (t - self.received) / 1e6, size, kind)
-            for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))
-        ]
-        return row, chunks
+        row["status"] = self.status
+        row["response_model"] = d.response_model
+        row["finish_reason"] = d.finish_reason
+        row["response_bytes"] = self.response_bytes
+        row["error_type"] = error[0] if error else None
+        row["error_message"] = self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None
+        row["outcome"] = outcome or self._outcome()
+        row["parse_error"] = self._clean(self.broken or d.parse_error)
+        row["empty_choices_chunks"] = d.empty_choices_chunks
+        row["retry_after"] = self.retry_after
+        return row, self._chunk_rows()
+
+    def _chunk_rows(self) -> list[tuple]:
+        rid, r = self.id, self.received
+        return [(rid, i, (t - r) / 1e6, size, kind)
+                for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))]
 
     def secrets(self) -> list[str]:
         """The credentials this request carried (and an injected one): never to be written anywhere."""
@@ -249,10 +245,11 @@ class Meter:
     def _request_columns(self) -> dict[str, Any]:
         info = parse_request(self.path, self.headers, self.request_body, method=self.method)
         self.request_body = b""
+        stream = info.stream
         return {
             "session_id": info.session_id,
             "request_model": info.request_model,
-            "stream": info.stream if info.stream is not None else (self.is_stream or None),
+            "stream": stream if stream is not None else (self.is_stream or None),
             "max_tokens": info.max_tokens,
             "message_count": info.message_count,
             "request_bytes": self.request_bytes,
@@ -261,22 +258,29 @@ class Meter:
 
     def _timing_columns(self, end_ns: int) -> dict[str, Any]:
         r, times = self.received, self.times
-        first = times[0] if times else None
-        last = times[-1] if times else None
-        gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        return {
-            "proxy_overhead_ms": _ms(r, self.upstream_sent),
-            "upstream_headers_ms": _ms(r, self.upstream_headers),
-            "first_byte_ms": _ms(r, self.first_byte),
-            "ttft_ms": _ms(r, first),
-            "first_text_ms": _ms(r, self.first_text),
-            "last_token_ms": _ms(r, last),
-            "e2e_ms": _ms(r, end_ns),
-            "gap_p50_ms": _gap_ms(gaps, 0.5),
-            "gap_p99_ms": _gap_ms(gaps, 0.99),
-            "gap_max_ms": gaps[-1] / 1e6 if gaps else None,
+        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
+        row: dict[str, Any] = {
+            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
+            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
+            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
+            "ttft_ms": None,
+            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
+            "last_token_ms": None,
+            "e2e_ms": (end_ns - r) / 1e6,
+            "gap_p50_ms": None,
+            "gap_p99_ms": None,
+            "gap_max_ms": None,
             "output_events": len(times),
         }
+        if times:
+            row["ttft_ms"] = (times[0] - r) / 1e6
+            row["last_token_ms"] = (times[-1] - r) / 1e6
+        if len(times) > 1:
+            gaps = sorted(b - a for a, b in zip(times, times[1:]))
+            row["gap_p50_ms"] = _gap_ms(gaps, 0.5)
+            row["gap_p99_ms"] = _gap_ms(gaps, 0.99)
+            row["gap_max_ms"] = gaps[-1] / 1e6
+        return row
 
     def _token_columns(self, e2e: float | None, ttft: float | None, last: float | None) -> dict[str, Any]:
         u = self.dialect.usage

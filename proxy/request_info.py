@@ -8,7 +8,7 @@ not is recorded in `request_parse_error` and forwarded untouched all the same.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from proxy.decode import decode_all
 from proxy.dialects.base import Dialect
 from proxy.dialects.detect import detect_dialect
 from proxy.dialects.gemini import Gemini
+from proxy.headers import header_getter
 
 MAX_DECODED_BYTES = 64 * 1024 * 1024
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
@@ -45,34 +46,35 @@ def parse_request(
     path: str, headers: Mapping[str, str], body: bytes, method: str | None = None
 ) -> RequestInfo:
     """`method` is optional: without it a non-JSON body is judged as a POST's."""
-    lowered = {k.lower(): v for k, v in headers.items()}
+    get = header_getter(headers)
     info = RequestInfo()
-    obj = _json_body(info, lowered, body, method)
+    obj = _json_body(info, get, body, method)
     _from_path(info, path, obj)
     if isinstance(obj, dict):
         try:
             _from_body(info, obj)
         except Exception as exc:  # a field of an unexpected type
             info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
-    info.session_id = _header_session(lowered) or info.session_id
+    info.session_id = _header_session(get) or info.session_id
     return info
 
 
 def _json_body(
-    info: RequestInfo, headers: dict[str, str], body: bytes, method: str | None
+    info: RequestInfo, get: Callable[..., Any], body: bytes, method: str | None
 ) -> Any:
     if not body:
         return None
-    encoding = headers.get("content-encoding", "")
-    try:
-        body = decode_body(body, encoding)
-    except Exception as exc:
-        info.request_parse_error = f"content-encoding {encoding}: {exc}"[:200]
-        return None
+    encoding = get("content-encoding", "")
+    if encoding:
+        try:
+            body = decode_body(body, encoding)
+        except Exception as exc:
+            info.request_parse_error = f"content-encoding {encoding}: {exc}"[:200]
+            return None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        content_type = headers.get("content-type", "").lower()
+        content_type = get("content-type", "").lower()
         expected = "json" in content_type or (
             not content_type and (method or "POST").upper() not in _BODYLESS_METHODS
         )
@@ -157,9 +159,9 @@ def _metadata_session(metadata: Any) -> str | None:
     return match.group(1) if match else user_id
 
 
-def _header_session(headers: dict[str, str]) -> str | None:
+def _header_session(get: Callable[..., Any]) -> str | None:
     for name in SESSION_HEADERS:
-        value = headers.get(name)
+        value = get(name)
         if value:
             return value
     return None

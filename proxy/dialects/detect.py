@@ -6,6 +6,8 @@ only the end of the path counts; the query string is ignored.
 
 from __future__ import annotations
 
+import functools
+
 from proxy.dialects.anthropic import Anthropic
 from proxy.dialects.base import Dialect
 from proxy.dialects.gemini import Gemini
@@ -24,6 +26,7 @@ _SUFFIXES: tuple[tuple[str, type[Dialect]], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=1024)  # a client uses a handful of paths
 def detect_dialect(path: str) -> type[Dialect]:
     path = path.split("?", 1)[0].rstrip("/").replace("%3A", ":").replace("%3a", ":")
     lowered = path.lower()
