@@ -77,6 +77,7 @@ class CapturingMeter(Meter):
 
     def finish(self, outcome: str | None, end_ns: int, error: tuple[str, str] | None = None) -> Any:
         request, request_cut = self._request_text()
+        self.drain()
         if self._body:  # a non-streaming response, decoded (the meter keeps it to parse usage)
             for part in self._body:
                 self._response.add(part)

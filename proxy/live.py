@@ -148,6 +148,7 @@ class LiveFeed:
 
 def inflight_entry(meter: Meter, labels: Labels, now_ns: int) -> dict[str, Any]:
     """A request still running: what it is and how far it got."""
+    meter.drain()  # the reads it keeps unparsed until it has a batch
     elapsed_ms = (now_ns - meter.received) / 1e6
     ttft_ms = (meter.times[0] - meter.received) / 1e6 if meter.times else None
     tokens = _tokens_so_far(meter)

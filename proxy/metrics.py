@@ -42,6 +42,7 @@ TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
 TOKEN_TYPES = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"))
 OTHER, NONE = "other", "none"
+MAX_LABEL_CACHE = 10_000  # label tuples remembered per raw (route, model, tool, status, outcome)
 StoreStats = Callable[[], Mapping[str, Any]]
 LoopLagSummary = Callable[[], Mapping[str, float | None]]
 
@@ -141,6 +142,7 @@ class PrometheusMetrics:
                                        (*LABELS, "gen_ai_token_type"), TOKEN_BUCKETS)
         self.requests = LabeledCounter("llmtap_requests", "Finished requests by outcome.", (*LABELS, "outcome"))
         self.registry.register(_RuntimeCollector(store_stats, loop_lag, self))
+        self._labels: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     def observe(self, row: Mapping[str, Any]) -> None:
         """Count one finished request. Never raises: a bad row only bumps a counter."""
@@ -151,10 +153,12 @@ class PrometheusMetrics:
 
     def _observe(self, row: Mapping[str, Any]) -> None:
         get = row.get
-        bounded = self.bounded
-        labels = (bounded["route"](get("route")), bounded["model"](get("request_model")),
-                  bounded["tool"](get("tool")), status_class(get("status")))
-        self.requests.inc((*labels, get("outcome") or NONE))
+        key = (get("route"), get("request_model"), get("tool"), get("status"), get("outcome"))
+        labels = self._labels.get(key)
+        if labels is None:
+            labels = self._labels[key] = self._label_values(key)
+        self.requests.inc(labels[1])
+        labels = labels[0]
         e2e, ttft, tpot = get("e2e_ms"), get("ttft_ms"), get("tpot_ms")
         if e2e is not None:
             self.duration.observe(labels, e2e / 1000.0)
@@ -166,6 +170,15 @@ class PrometheusMetrics:
             value = get(column)
             if value is not None:
                 self.tokens.observe((*labels, token_type), value)
+
+    def _label_values(self, key: tuple[Any, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the histograms' labels, the request counter's) for one (route, model, tool, status, outcome)."""
+        if len(self._labels) >= MAX_LABEL_CACHE:
+            self._labels.clear()
+        route, model, tool, status, outcome = key
+        bounded = self.bounded
+        labels = (bounded["route"](route), bounded["model"](model), bounded["tool"](tool), status_class(status))
+        return labels, (*labels, outcome or NONE)
 
     def collect(self) -> Iterator[Metric]:
         for metric in (self.duration, self.ttft, self.tpot, self.tokens, self.requests):

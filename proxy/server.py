@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -152,14 +153,22 @@ def clear_state(path: Path) -> None:
         pass
 
 
-def tune_gc() -> None:
+SWITCH_INTERVAL_S = 0.0005
+
+
+def tune_runtime() -> None:
     """The relay allocates many short-lived objects per chunk, and CPython's default thresholds
     then run the cyclic collector so often that it took a fifth of the event loop (py-spy).
     Freeze what startup made (it lives as long as the process) and collect young objects less
-    often; memory stays bounded (see benchmarks/soak.py)."""
+    often; memory stays bounded (see benchmarks/soak.py).
+
+    And the store's writer thread holds the GIL while it builds a batch: with CPython's default
+    switch interval (5 ms) the event loop waited up to 5 ms for it, in the middle of streams.
+    At 0.5 ms a chunk waits at most about that long (benchmarks/store_throughput.py "stall")."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 50)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr) -> None:
@@ -169,7 +178,7 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with RunningProxy(config, report=report) as proxy:
-        tune_gc()
+        tune_runtime()
         state_file = write_state(proxy)
         report(routes_banner(proxy.state, proxy.url))
         if warning := remote_warning(config):

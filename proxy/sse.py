@@ -53,6 +53,9 @@ class SSEParser:
             chunk = self._strip_bom(chunk)
         if not chunk:
             return []
+        if (chunk[-2:] == b"\n\n" and not self._tail and not self._data and not self._cr_pending
+                and self._event is None and not self._skipping and b"\r" not in chunk):
+            return self._whole_events(chunk)
         if self._cr_pending and chunk[0] == 10:
             chunk = chunk[1:]
         if b"\r" in chunk:
@@ -70,6 +73,25 @@ class SSEParser:
                 self._line(line, events)
         if last:
             self._keep_tail(last)
+        return events
+
+    def _whole_events(self, chunk: bytes) -> list[Event]:
+        """The common read: whole events, nothing pending. An event of one `data: ` line, or of an
+        `event: ` line and one `data: ` line, is cut out directly; any other block goes line by line."""
+        events: list[Event] = []
+        limit = self.max_event_bytes
+        for block in chunk[:-2].split(b"\n\n"):
+            if block[:6] == b"data: " and b"\n" not in block and len(block) - 5 <= limit:
+                events.append((None, block[6:]))
+                continue
+            if block[:7] == b"event: " and block.count(b"\n") == 1:
+                head, _, data = block.partition(b"\n")
+                if data[:6] == b"data: " and len(data) - 5 <= limit and len(head) > 7:
+                    events.append((head[7:].decode("utf-8", "replace"), data[6:]))
+                    continue
+            for line in block.split(b"\n"):
+                self._line(line, events)
+            self._dispatch(events)
         return events
 
     def _strip_bom(self, chunk: bytes) -> bytes:
