@@ -406,3 +406,29 @@ print(ts.isoformat(), ts2.isoformat())
     out = subprocess.run([sys.executable, "-c", script, str(db)], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2025-01-01T12:00:00+00:00"] * 2
+
+
+def test_edge_values_read_back_exactly(store: Store):
+    """The Arrow batches (proxy/batch.py) keep every value as it was: text with NUL and
+    non-ASCII characters, the int64 limits, floats to the last bit, microseconds."""
+    texts = ["", "a\x00b", "日本語 ✓ 😀", "x" * 100_000]
+    doubles = [0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308]
+    for i, (text, double) in enumerate(zip(texts, doubles)):
+        store.put({"id": f"e{i}", "error_message": text, "e2e_ms": double, "max_tokens": [2**63 - 1, -2**63, 0, -1][i],
+                   "started_at": dt.datetime(2025, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC) - dt.timedelta(microseconds=i)},
+                  [(f"e{i}", 2**31 - 1, double, -2**31, text)])
+    assert store.flush(5)
+    got = rows(store, "SELECT error_message, e2e_ms, max_tokens, started_at FROM requests ORDER BY id")
+    assert [g[:3] for g in got] == list(zip(texts, doubles, [2**63 - 1, -2**63, 0, -1]))
+    assert [g[3].astimezone(UTC) for g in got] == [
+        dt.datetime(2025, 12, 31, 23, 59, 59, 999_999 - i, tzinfo=UTC) for i in range(4)]
+    assert rows(store, "SELECT offset_ms, event_type FROM chunks ORDER BY request_id") == list(zip(doubles, texts))
+
+
+def test_a_value_of_the_wrong_type_costs_its_row_only(store: Store, reports: list[str]):
+    store.put({"id": "big", "max_tokens": 2**64})  # over BIGINT
+    store.put({"id": "text", "e2e_ms": "slow"})
+    store.put({"id": "ok", "e2e_ms": 1})  # an int in a DOUBLE column is fine
+    assert store.flush(5)
+    assert rows(store, "SELECT id, e2e_ms FROM requests") == [("ok", 1.0)]
+    assert store.stats()["rows_rejected"] == 2
