@@ -133,6 +133,10 @@ class Meter:
         Never raises: a failure marks the row and stops measuring the body."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         try:
+            decoder = self._decoder
+            if decoder is not None and decoder.identity and self._sse is not None:
+                self._events(pending)  # a plain stream: the common case, in one loop
+                return
             for data, t_ns in pending:
                 decoder = self._decoder
                 if decoder is None:
@@ -145,6 +149,26 @@ class Meter:
             self._decoder = None
             self.partial = True
             self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+
+    def _events(self, reads: list[tuple[bytes, int]]) -> None:
+        """`_feed` and `_output` for the reads of an uncompressed stream, with every lookup hoisted."""
+        assert self._sse is not None
+        feed, on_event = self._sse.feed, self.dialect.on_event
+        times, sizes, kinds = self.times, self.sizes, self.kinds
+        chars = 0
+        try:
+            for data, t_ns in reads:
+                for event, payload in feed(data):
+                    delta = on_event(payload, event)
+                    if delta is not None:
+                        times.append(t_ns)
+                        sizes.append(len(payload))
+                        kinds.append(delta.event_type)
+                        chars += delta.chars
+                        if delta.visible and self.first_text is None:
+                            self.first_text = t_ns
+        finally:
+            self.chars += chars
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:

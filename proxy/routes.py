@@ -17,6 +17,10 @@ class Route:
     upstream: URL  # scheme://host[:port][/base-path], no query
     # The upstream key llmtap puts in place of the client's (opt-in); never printed or stored.
     credential: str | None = field(default=None, repr=False, compare=False)
+    base: str = field(init=False, repr=False, compare=False)  # str(upstream) without its trailing "/"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", str(self.upstream).rstrip("/"))
 
     @property
     def label(self) -> str:
@@ -27,7 +31,7 @@ class Route:
         rest = path[len(self.prefix):]
         if rest and not rest.startswith("/"):
             rest = "/" + rest
-        raw = str(self.upstream).rstrip("/") + rest + ("?" + query_string if query_string else "")
+        raw = self.base + rest + ("?" + query_string if query_string else "")
         return URL(raw, encoded=True)  # exactly as the client encoded it
 
 
