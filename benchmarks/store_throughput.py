@@ -8,9 +8,10 @@
                   it used Arrow): DuckDB converts each Python value itself
   executemany     INSERT INTO t VALUES (?, ...) once per row
 
-"stall" is the longest another thread waited for the GIL meanwhile: converting the
-values holds it, and the event loop that calls put() would wait as long. On a busy
-machine the OS scheduler adds its own share.
+"stall" is the longest another thread waited for the GIL meanwhile: building the
+batches holds it, and the event loop that calls put() would wait as long. The GIL
+switch interval is `llmtap serve`'s (proxy/server.py SWITCH_INTERVAL_S, 0.5 ms), not
+CPython's default 5 ms. On a busy machine the OS scheduler adds its own share.
 
 Run: python benchmarks/store_throughput.py [--requests N] [--chunk-requests N] [--chunks-per-request N]
 """
@@ -21,6 +22,7 @@ import argparse
 import datetime as dt
 import gc
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +34,7 @@ import duckdb
 
 from proxy.batch import CHUNKS, REQUESTS, Table
 from proxy.migrations import migrate
+from proxy.server import SWITCH_INTERVAL_S
 from proxy.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
 from proxy.store import Store
 
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--chunks-per-request", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3, help="print the median of this many runs")
     args = parser.parse_args()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as in `llmtap serve`
     reqs = [request_row(i) for i in range(20_000)]
     chunks = [c for r in reqs[:1000] for c in chunk_rows(r["id"], 200)]
     lines = []

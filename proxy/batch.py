@@ -15,6 +15,7 @@ it splits the batch to find and drop that row.
 from __future__ import annotations
 
 import contextlib
+import operator
 from datetime import datetime
 from typing import Any
 
@@ -51,20 +52,24 @@ class Table:
         self.name = name
         self.names = tuple(n for n, _ in columns)
         self.types = tuple(_ARROW_TYPES[t] for _, t in columns)
+        self._pick = operator.itemgetter(*self.names)
         self.timestamps = frozenset(i for i, (_, t) in enumerate(columns) if t == "TIMESTAMPTZ")
         self.struct = na.struct(dict(zip(self.names, self.types)))
         # Each INSERT holds the GIL while it builds its arrays: short ones keep the event loop's waits short.
         self.rows_per_insert = rows_per_insert
         self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT * FROM {BATCH_VIEW}"
 
-    def columns(self, rows: list[Any]) -> list[list[Any]]:
+    def columns(self, rows: list[Any]) -> list[Any]:
         if rows and isinstance(rows[0], dict):
-            cols = [[row.get(name) for row in rows] for name in self.names]
+            try:  # the meter's rows have every column: picked in C, twice as fast as one get each
+                cols: list[Any] = list(zip(*map(self._pick, rows)))
+            except KeyError:
+                cols = [[row.get(name) for row in rows] for name in self.names]
         else:
             width = len(self.names)
             if any(len(row) != width for row in rows):
                 raise ValueError(f"a {self.name} row is not a tuple of {width} values")
-            cols = [list(col) for col in zip(*rows)]
+            cols = list(zip(*rows))
         for i in self.timestamps:
             cols[i] = [_micros(v) for v in cols[i]]
         return cols
