@@ -296,7 +296,8 @@ async def test_ttft_grows_with_input(sim: Simulator) -> None:
     headers = {"x-sim-ttft-ms": "0", "x-sim-prefill-us-per-token": "1000", "x-sim-tokens": "1"}
     body = CHAT | {"stream": True, "messages": [{"role": "user", "content": "x" * 400}]}  # 100 tokens
     start, arrivals = await timed_events(sim.url + "/v1/chat/completions", body, headers)
-    assert (arrivals[1] - start) * 1000 == pytest.approx(100, abs=25)
+    ttft_ms = (arrivals[1] - start) * 1000
+    assert 95 <= ttft_ms < 175  # never early; late by what a busy machine adds
 
 
 async def test_capacity_slows_tokens_when_exceeded() -> None:
