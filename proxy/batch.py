@@ -4,7 +4,7 @@ DuckDB converts Python values one by one at 0.4-0.9 µs each (with every
 column a typed list parameter, the fastest way through its Python API), some
 20 µs for a request row of 47 columns. Built as Arrow arrays by nanoarrow
 (Apache Arrow's small C library) and scanned by DuckDB without conversion, the
-same row costs about 5 µs: the writer shares the proxy's core, so this is CPU
+same row costs about 8 µs: the writer shares the proxy's core, so this is CPU
 the relay gets back (see benchmarks/store_throughput.py).
 
 A value that does not fit its column (a string for a number, an integer over
