@@ -47,7 +47,6 @@ def next_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
-
 class Meter:
     """Marks named after the moments they record; see the README's column list."""
 
@@ -136,14 +135,15 @@ class Meter:
     def drain(self) -> None:
         """Parse the reads kept so far, each event timed by the read that completed it.
 
-        Parsing reads in batches costs a third of parsing each as it comes: between two reads of
-        one stream the loop serves every other stream, and the parser's code and data go cold.
+        Parsing reads in batches costs about a quarter less than parsing each as it comes (timed
+        inside serve): between two reads of one stream the loop serves every other stream, and
+        the parser's code and data go cold.
         Never raises: a failure marks the row and stops measuring the body."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         try:
-            decoder = self._decoder
-            if decoder is not None and decoder.identity and self._sse is not None:
-                self._events(pending)  # a plain stream: the common case, in one loop
+            decoder, sse = self._decoder, self._sse
+            if decoder is not None and decoder.identity and sse is not None:
+                self._events(sse, pending)  # a plain stream: the common case, in one loop
                 return
             for data, t_ns in pending:
                 decoder = self._decoder
@@ -158,10 +158,9 @@ class Meter:
             self.partial = True
             self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
 
-    def _events(self, reads: list[tuple[bytes, int]]) -> None:
+    def _events(self, sse: SSEParser, reads: list[tuple[bytes, int]]) -> None:
         """`_feed` and `_output` for the reads of an uncompressed stream, with every lookup hoisted."""
-        assert self._sse is not None
-        feed, on_event = self._sse.feed, self.dialect.on_event
+        feed, on_event = sse.feed, self.dialect.on_event
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
         try:

@@ -76,7 +76,7 @@ class LabeledHistogram:
     prometheus_client's own histogram takes a lock and walks its buckets in Python on every
     observation, some 1.5 µs each and six per request; this is a dict lookup and a bisect.
     A scrape (in another thread) copies each series: at worst it sees an observation's
-    count without its sum, never a torn bucket list.
+    sum without its count, never a torn bucket list.
     """
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]) -> None:

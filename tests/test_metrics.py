@@ -179,3 +179,17 @@ async def test_admin_endpoint_serves_the_scrape(sim: Simulator, tmp_path: Path) 
                     assert response.status == 403, wrong
     assert sum(v for (name, _), v in found.items() if name == "llmtap_requests_total") == 4
     assert value(found, "llmtap_store_requests_dropped_total") == 0
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    """A value equal to a bound counts in that bound's bucket (Prometheus `le`), each bucket
+    counts everything below it, +Inf counts all, and the sum is exact."""
+    metrics = PrometheusMetrics()
+    for e2e_ms in (10.0, 10.0001, 640.0, 100_000.0):  # 0.01 s is the first bound, 0.64 s another
+        metrics.observe(row(e2e_ms=e2e_ms))
+    found = samples(metrics.render()[0].decode())
+    labels = lbl("/", "none", "none", "2xx")
+    bucket = "gen_ai_client_operation_duration_seconds_bucket"
+    assert [value(found, bucket, **labels, le=le) for le in ("0.01", "0.02", "0.64", "81.92", "+Inf")] == [1, 2, 3, 3, 4]
+    assert value(found, "gen_ai_client_operation_duration_seconds_count", **labels) == 4
+    assert value(found, "gen_ai_client_operation_duration_seconds_sum", **labels) == pytest.approx(100.6600001)
