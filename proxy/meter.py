@@ -11,9 +11,10 @@ failure here marks the row (`parse_error`) instead of touching traffic.
 
 from __future__ import annotations
 
-import math
 import itertools
+import math
 import os
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -158,8 +159,9 @@ class Meter:
             self.partial = True
             self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
 
-    def _events(self, sse: SSEParser, reads: list[tuple[bytes, int]]) -> None:
-        """`_feed` and `_output` for the reads of an uncompressed stream, with every lookup hoisted."""
+    def _events(self, sse: SSEParser, reads: Iterable[tuple[bytes, int]]) -> None:
+        """The output events of some reads of a stream, each timed by its read; every lookup hoisted
+        out of the loop (a plain stream's reads all come here at once, see `drain`)."""
         feed, on_event = sse.feed, self.dialect.on_event
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
@@ -179,10 +181,7 @@ class Meter:
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
-            for event, payload in self._sse.feed(data):
-                delta = self.dialect.on_event(payload, event)
-                if delta is not None:
-                    self._output(delta.event_type, delta.visible, delta.chars, len(payload), t_ns)
+            self._events(self._sse, ((data, t_ns),))
         elif self._body is not None and self._body_len < MAX_JSON_BODY:
             self._body.append(data)
             self._body_len += len(data)
