@@ -114,10 +114,16 @@ class RunningProxy:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def flush(self, timeout: float = 10) -> bool:
+        """Every row of a request that is over, written; False on timeout. Blocks: for tests and tools."""
+        self.state.record_ended()
+        return self.store.flush(timeout) if self.store is not None else True
+
     async def aclose(self) -> None:
         if self.runner is not None:
-            await self.runner.cleanup()
+            await self.runner.cleanup()  # handlers still running end here, and record their requests
             self.runner = None
+        self.state.record_ended()
         if self.store is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         if self.otel is not None:

@@ -47,6 +47,6 @@ async def proxy(sim: Simulator, tmp_path: Path) -> AsyncIterator[RunningProxy]:
 def rows(p: RunningProxy, sql: str = "SELECT * FROM requests ORDER BY started_at") -> list[dict]:
     """Flush the proxy's store and return the query's rows as dicts."""
     assert p.store is not None
-    assert p.store.flush(10)
+    assert p.flush(10)
     columns, _types, data = p.store.query(sql)
     return [dict(zip(columns, r)) for r in data]

@@ -109,7 +109,7 @@ async def test_a_full_disk_costs_no_request_and_rows_land_when_space_returns(sim
             assert p.store is not None
             async with aiohttp.ClientSession() as s:
                 assert await chat(s, p.url, 20) == [200] * 20
-                assert p.store.flush(5)
+                assert p.flush(5)
                 base, files = Baseline(), open_files(mnt)
                 filler = fill(mnt)
                 # DuckDB checkpoints by itself when its WAL grows; on a full disk that fails and
@@ -125,9 +125,9 @@ async def test_a_full_disk_costs_no_request_and_rows_land_when_space_returns(sim
                 async with s.get(p.url + "/_llmtap/health") as r:
                     assert (await r.json())["store"]["write_errors"] >= 2
                 filler.unlink()
-                assert p.store.flush(15), p.store.stats()
+                assert p.flush(15), p.store.stats()
                 assert await chat(s, p.url, 5) == [200] * 5
-                assert p.store.flush(5)
+                assert p.flush(5)
                 count = p.store.query("SELECT count(*) FROM requests")[2][0][0]
                 assert open_files(mnt) == files, "the database reopened without closing what it had open"
                 assert rss_mb() < base.rss + 40

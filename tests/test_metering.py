@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import aiohttp
+import duckdb
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.config import ServeConfig
+from proxy.meter import Meter
+from proxy.relay_state import RECORD_BATCH, RECORD_DELAY_S, ProxyState
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 
@@ -84,3 +90,37 @@ async def test_chunks_can_be_turned_off(sim: Simulator, tmp_path: Path) -> None:
         await timed_stream(p.url + "/v1/chat/completions", BODIES["/v1/chat/completions"], {})
         assert rows(p, "SELECT count(*) AS n FROM chunks")[0]["n"] == 0
         assert rows(p)[0]["output_events"] == 8
+
+
+def ended_meter(state_path: str = "/v1/chat/completions") -> Meter:
+    """A request that got a 200 with an empty JSON body, as the relay's meter sees it."""
+    meter = Meter(received_ns=time.perf_counter_ns(), method="POST", path=state_path, query={},
+                  headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag="batch")
+    meter.response_started(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"})),
+                           time.perf_counter_ns())
+    return meter
+
+
+async def test_rows_are_built_in_batches_or_after_a_short_delay(tmp_path: Path) -> None:
+    config = ServeConfig(upstream="http://127.0.0.1:9", db=str(tmp_path / "x.duckdb"))
+    state = ProxyState(config=config, routes=config.route_table())
+    seen: list[dict] = []
+    state.listeners.append(seen.append)
+    for _ in range(RECORD_BATCH - 1):
+        state.record(ended_meter(), None, None)
+    assert state.requests_seen == 0 and len(state.ended) == RECORD_BATCH - 1  # waiting for the batch
+    state.record(ended_meter(), None, None)
+    assert state.requests_seen == RECORD_BATCH and not state.ended  # a full batch is built at once
+    state.record(ended_meter(), None, None)
+    assert state.requests_seen == RECORD_BATCH
+    await asyncio.sleep(RECORD_DELAY_S * 4)  # a lone request waits at most RECORD_DELAY_S
+    assert state.requests_seen == RECORD_BATCH + 1 and not state.ended
+    assert [r["outcome"] for r in seen] == ["ok"] * (RECORD_BATCH + 1) and all(r["e2e_ms"] < 1000 for r in seen)
+
+
+async def test_a_stop_records_the_requests_still_waiting_for_their_row(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        p.state.record(ended_meter(), None, None)
+        assert p.state.requests_seen == 0  # no await since: its row waits for the batch or the delay
+    con = duckdb.connect(str(tmp_path / "llmtap.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*), any_value(tag) FROM requests").fetchone() == (1, "batch")

@@ -69,7 +69,7 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
     metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
     proxy.state.listeners.append(metrics.observe)
     await send_mix(proxy)
-    assert proxy.store.flush(10)
+    assert proxy.flush(10)
     while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured
         await asyncio.sleep(0.01)
     body, content_type = metrics.render()

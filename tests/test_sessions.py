@@ -155,7 +155,7 @@ async def test_top_and_report_agree_on_sessions(recorded: tuple[Path, TopModel])
 async def test_backfill_reads_the_same_rows_from_a_running_proxy(sim: Simulator, tmp_path: Path) -> None:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         await agents(p.url)
-        assert p.store is not None and p.store.flush(10)
+        assert p.flush(10)
         async with aiohttp.ClientSession() as s:
             rows = await backfill(s, Proxy(p.url), 60)
             old = await backfill(s, Proxy(p.url), 0.001)

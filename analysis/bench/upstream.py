@@ -65,6 +65,7 @@ class Setup:
         if self.proxy is not None and self.proxy.store is not None:
             store = self.proxy.store
             loop = asyncio.get_running_loop()
+            self.proxy.state.record_ended()  # on the loop; the store's flush waits in a thread
             await loop.run_in_executor(None, store.flush, 10)
             _, _, rows = await loop.run_in_executor(None, store.query, sql)
             return [tuple(r) for r in rows]  # type: ignore[misc]
