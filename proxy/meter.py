@@ -237,20 +237,67 @@ class Meter:
         d = self.dialect
         if error is None and d.error_type is not None:
             error = (d.error_type, d.error_message or "")
-        row = self._identity_columns()
-        row.update(self._request_columns())
-        row.update(self._timing_columns(end_ns))
-        row.update(self._token_columns(row["e2e_ms"], row["ttft_ms"], row["last_token_ms"]))
-        row["status"] = self.status
-        row["response_model"] = d.response_model
-        row["finish_reason"] = d.finish_reason
-        row["response_bytes"] = self.response_bytes
-        row["error_type"] = error[0] if error else None
-        row["error_message"] = self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None
-        row["outcome"] = outcome or self._outcome()
-        row["parse_error"] = self._clean(self.broken or d.parse_error)
-        row["empty_choices_chunks"] = d.empty_choices_chunks
-        row["retry_after"] = self.retry_after
+        h, r, times = self.headers, self.received, self.times
+        info = parse_request(self.path, h, self.request_body, method=self.method)
+        self.request_body = b""
+        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
+        ttft = (times[0] - r) / 1e6 if times else None
+        last = (times[-1] - r) / 1e6 if times else None
+        e2e = (end_ns - r) / 1e6
+        gap_p50, gap_p99, gap_max = _gaps_ms(times)
+        u = d.usage
+        out, source = u.output_tokens, "usage" if u.seen() else None
+        if out is None and self.chars:
+            out, source = math.ceil(self.chars / 4), "estimated"
+        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; the README defines each)
+            "id": self.id,
+            "started_at": self.started_at,
+            "route": self.route,
+            "upstream_host": self.upstream_host,
+            "method": self.method,
+            "path": self.path,
+            "dialect": d.name,
+            "tool": tool_from_headers(h),
+            "user_agent": h.get("user-agent"),
+            "tag": self.tag,
+            "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
+            "session_id": info.session_id,
+            "request_model": info.request_model,
+            "stream": info.stream if info.stream is not None else (self.is_stream or None),
+            "max_tokens": info.max_tokens,
+            "message_count": info.message_count,
+            "request_bytes": self.request_bytes,
+            "request_parse_error": self._clean(info.request_parse_error),
+            "status": self.status,
+            "response_model": d.response_model,
+            "finish_reason": d.finish_reason,
+            "response_bytes": self.response_bytes,
+            "error_type": error[0] if error else None,
+            "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
+            "outcome": outcome or self._outcome(),
+            "parse_error": self._clean(self.broken or d.parse_error),
+            "empty_choices_chunks": d.empty_choices_chunks,
+            "retry_after": self.retry_after,
+            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
+            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
+            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
+            "ttft_ms": ttft,
+            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
+            "last_token_ms": last,
+            "e2e_ms": e2e,
+            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and len(times) > 1 else None,
+            "gap_p50_ms": gap_p50,
+            "gap_p99_ms": gap_p99,
+            "gap_max_ms": gap_max,
+            "output_events": len(times),
+            "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
+            "input_tokens": u.input_tokens,
+            "output_tokens": out,
+            "cache_read_tokens": u.cache_read_tokens,
+            "cache_creation_tokens": u.cache_creation_tokens,
+            "reasoning_tokens": u.reasoning_tokens,
+            "tokens_source": source,
+        }
         return row, self._chunk_rows()
 
     def _chunk_rows(self) -> list[tuple]:
@@ -284,81 +331,13 @@ class Meter:
         if body:
             self.dialect.on_body(body)
 
-    def _identity_columns(self) -> dict[str, Any]:
-        h = self.headers
-        return {
-            "id": self.id,
-            "started_at": self.started_at,
-            "route": self.route,
-            "upstream_host": self.upstream_host,
-            "method": self.method,
-            "path": self.path,
-            "dialect": self.dialect.name,
-            "tool": tool_from_headers(h),
-            "user_agent": h.get("user-agent"),
-            "tag": self.tag,
-            "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
-        }
 
-    def _request_columns(self) -> dict[str, Any]:
-        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
-        self.request_body = b""
-        stream = info.stream
-        return {
-            "session_id": info.session_id,
-            "request_model": info.request_model,
-            "stream": stream if stream is not None else (self.is_stream or None),
-            "max_tokens": info.max_tokens,
-            "message_count": info.message_count,
-            "request_bytes": self.request_bytes,
-            "request_parse_error": self._clean(info.request_parse_error),
-        }
-
-    def _timing_columns(self, end_ns: int) -> dict[str, Any]:
-        r, times = self.received, self.times
-        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
-        row: dict[str, Any] = {
-            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
-            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
-            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
-            "ttft_ms": None,
-            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
-            "last_token_ms": None,
-            "e2e_ms": (end_ns - r) / 1e6,
-            "gap_p50_ms": None,
-            "gap_p99_ms": None,
-            "gap_max_ms": None,
-            "output_events": len(times),
-        }
-        if times:
-            row["ttft_ms"] = (times[0] - r) / 1e6
-            row["last_token_ms"] = (times[-1] - r) / 1e6
-        if len(times) > 1:
-            gaps = sorted(b - a for a, b in zip(times, times[1:]))
-            row["gap_p50_ms"] = _gap_ms(gaps, 0.5)
-            row["gap_p99_ms"] = _gap_ms(gaps, 0.99)
-            row["gap_max_ms"] = gaps[-1] / 1e6
-        return row
-
-    def _token_columns(self, e2e: float | None, ttft: float | None, last: float | None) -> dict[str, Any]:
-        u = self.dialect.usage
-        out, source = u.output_tokens, "usage" if u.seen() else None
-        if out is None and self.chars:
-            out, source = math.ceil(self.chars / 4), "estimated"
-        tpot = None
-        if out is not None and out > 1 and ttft is not None and last is not None and len(self.times) > 1:
-            tpot = (last - ttft) / (out - 1)
-        tps = out * 1000 / e2e if out and e2e else None
-        return {
-            "input_tokens": u.input_tokens,
-            "output_tokens": out,
-            "cache_read_tokens": u.cache_read_tokens,
-            "cache_creation_tokens": u.cache_creation_tokens,
-            "reasoning_tokens": u.reasoning_tokens,
-            "tokens_source": source,
-            "tpot_ms": tpot,
-            "output_tokens_per_s": tps,
-        }
+def _gaps_ms(times: list[int]) -> tuple[float | None, float | None, float | None]:
+    """p50, p99 and max of the gaps between output events, in ms."""
+    if len(times) < 2:
+        return None, None, None
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return _gap_ms(gaps, 0.5), _gap_ms(gaps, 0.99), gaps[-1] / 1e6
 
 
 def _gap_ms(sorted_ns: list[int], q: float) -> float | None:

@@ -27,7 +27,7 @@ names cannot grow the scrape without bound.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from bisect import bisect_left
 
@@ -42,7 +42,7 @@ TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
 TOKEN_TYPES = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"))
 OTHER, NONE = "other", "none"
-MAX_LABEL_CACHE = 10_000  # label tuples remembered per raw (route, model, tool, status, outcome)
+MAX_LABEL_CACHE = 10_000  # series remembered per raw (route, model, tool, status, outcome)
 StoreStats = Callable[[], Mapping[str, Any]]
 LoopLagSummary = Callable[[], Mapping[str, float | None]]
 
@@ -70,6 +70,12 @@ def status_class(status: Any) -> str:
     return f"{status // 100}xx" if isinstance(status, int) and 100 <= status <= 599 else NONE
 
 
+def add(bounds: tuple[float, ...], series: list[float], value: float) -> None:
+    """One observation into a histogram series: [sum, count per bucket..., count over the last]."""
+    series[0] += value
+    series[1 + bisect_left(bounds, value)] += 1  # `le` buckets: a value equal to a bound counts in it
+
+
 class LabeledHistogram:
     """A Prometheus histogram per label set, updated without locks: only the event loop observes.
 
@@ -85,18 +91,22 @@ class LabeledHistogram:
         self.series: dict[tuple[str, ...], list[float]] = {}  # labels -> [sum, count per bucket..., count over]
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
+        add(self.bounds, self.get(labels), value)
+
+    def get(self, labels: tuple[str, ...]) -> list[float]:
+        """One label set's series, created empty on first use; `add` updates it."""
         series = self.series.get(labels)
         if series is None:
             series = self.series[labels] = [0.0] * (len(self.bounds) + 2)
-        index = bisect_left(self.bounds, value)  # `le` buckets: a value equal to a bound counts in it
-        series[0] += value
-        series[1 + index] += 1
+        return series
 
     def collect(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         edges = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
         for labels, series in list(self.series.items()):
             counts = series[:]
+            if not any(counts[1:]):
+                continue  # created for a label set (PrometheusMetrics._series_of), never observed
             cumulative, total = [], 0.0
             for edge, n in zip(edges, counts[1:]):
                 total += n
@@ -110,16 +120,34 @@ class LabeledCounter:
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
-        self.series: dict[tuple[str, ...], float] = {}
+        self.series: dict[tuple[str, ...], list[float]] = {}  # labels -> [count]
 
     def inc(self, labels: tuple[str, ...]) -> None:
-        self.series[labels] = self.series.get(labels, 0.0) + 1
+        self.get(labels)[0] += 1
+
+    def get(self, labels: tuple[str, ...]) -> list[float]:
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = [0.0]
+        return series
 
     def collect(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, value in list(self.series.items()):
-            family.add_metric(list(labels), value)
+            if value[0]:
+                family.add_metric(list(labels), value[0])
         return family
+
+
+class _Series(NamedTuple):
+    """What one (route, model, tool, status, outcome) updates: a row costs a dict lookup, then
+    a bisect per histogram (without it, five label tuples built and hashed per row)."""
+
+    requests: list[float]
+    duration: list[float]
+    ttft: list[float]
+    tpot: list[float]
+    tokens: tuple[list[float], ...]  # by TOKEN_TYPES
 
 
 class PrometheusMetrics:
@@ -142,7 +170,7 @@ class PrometheusMetrics:
                                        (*LABELS, "gen_ai_token_type"), TOKEN_BUCKETS)
         self.requests = LabeledCounter("llmtap_requests", "Finished requests by outcome.", (*LABELS, "outcome"))
         self.registry.register(_RuntimeCollector(store_stats, loop_lag, self))
-        self._labels: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._series: dict[tuple[Any, ...], _Series] = {}
 
     def observe(self, row: Mapping[str, Any]) -> None:
         """Count one finished request. Never raises: a bad row only bumps a counter."""
@@ -154,31 +182,34 @@ class PrometheusMetrics:
     def _observe(self, row: Mapping[str, Any]) -> None:
         get = row.get
         key = (get("route"), get("request_model"), get("tool"), get("status"), get("outcome"))
-        labels = self._labels.get(key)
-        if labels is None:
-            labels = self._labels[key] = self._label_values(key)
-        self.requests.inc(labels[1])
-        labels = labels[0]
+        series = self._series.get(key)
+        if series is None:
+            series = self._series_of(key)
+        series.requests[0] += 1
         e2e, ttft, tpot = get("e2e_ms"), get("ttft_ms"), get("tpot_ms")
         if e2e is not None:
-            self.duration.observe(labels, e2e / 1000.0)
+            add(DURATION_BUCKETS, series.duration, e2e / 1000.0)
         if ttft is not None and get("stream"):
-            self.ttft.observe(labels, ttft / 1000.0)
+            add(DURATION_BUCKETS, series.ttft, ttft / 1000.0)
         if tpot is not None:
-            self.tpot.observe(labels, tpot / 1000.0)
-        for token_type, column in TOKEN_TYPES:
+            add(DURATION_BUCKETS, series.tpot, tpot / 1000.0)
+        for (_, column), token_series in zip(TOKEN_TYPES, series.tokens):
             value = get(column)
             if value is not None:
-                self.tokens.observe((*labels, token_type), value)
+                add(TOKEN_BUCKETS, token_series, value)
 
-    def _label_values(self, key: tuple[Any, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(the histograms' labels, the request counter's) for one (route, model, tool, status, outcome)."""
-        if len(self._labels) >= MAX_LABEL_CACHE:
-            self._labels.clear()
+    def _series_of(self, key: tuple[Any, ...]) -> _Series:
+        """The series one (route, model, tool, status, outcome) updates, remembered."""
+        if len(self._series) >= MAX_LABEL_CACHE:
+            self._series.clear()
         route, model, tool, status, outcome = key
         bounded = self.bounded
         labels = (bounded["route"](route), bounded["model"](model), bounded["tool"](tool), status_class(status))
-        return labels, (*labels, outcome or NONE)
+        series = self._series[key] = _Series(
+            self.requests.get((*labels, outcome or NONE)), self.duration.get(labels), self.ttft.get(labels),
+            self.tpot.get(labels), tuple(self.tokens.get((*labels, token_type)) for token_type, _ in TOKEN_TYPES),
+        )
+        return series
 
     def collect(self) -> Iterator[Metric]:
         for metric in (self.duration, self.ttft, self.tpot, self.tokens, self.requests):
