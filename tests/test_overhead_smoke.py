@@ -39,3 +39,18 @@ def test_quick_run_reports_every_figure(tmp_path: Path, monkeypatch: pytest.Monk
     assert "nginx" not in result["medians"]
     for name in REQUIRED[:5]:  # the table has a row for each figure
         assert f"{figures[name]:+.2f}" in proc.stdout or f"{figures[name]:+,.0f}" in proc.stdout
+
+
+@pytest.mark.timeout(90)
+def test_paired_cost_runs_both_proxies_side_by_side() -> None:
+    """benchmarks/paired_cost.py, one tiny round with the aiohttp loader (wrk may be absent)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("paired_cost.py")), "--rounds", "1", "--seconds", "1",
+                           "--connections", "4", "--loader", "aiohttp"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
+    llmtap, relay, measuring, cost = (float(v.rstrip("%")) for v in lines["1"][1:5])
+    assert llmtap > 0 and relay > 0, proc.stdout
+    assert measuring == pytest.approx(llmtap - relay, abs=0.2)
+    assert cost == pytest.approx(100 * (1 - relay / llmtap), abs=0.2)
+    assert lines["median"][1:5] == lines["1"][1:5]  # one round: its own median

@@ -1,0 +1,107 @@
+"""What measuring costs per request: llmtap and llmtap --no-measure side by side, on one core.
+
+overhead.py runs its targets one after another, and this VM's speed drifts by a third from
+minute to minute: its "req/s lost to measuring" moves by ±6 points from round to round.
+Here both proxies run at the same time, pinned to the same core, each saturated by its own
+wrk (non-streaming, 16 tokens, --connections each) on the other core with the simulated
+upstream. CPU per request is each process's CPU time (every thread: the event loop and the
+store's writer) over the requests it answered. Both see the same machine at the same
+moment, so the difference between them is steady to a few µs per round.
+
+    cost = 1 - relay-only CPU per request / llmtap CPU per request
+
+is the share of a saturated core's req/s that measuring and storing take, the figure
+overhead.py's target (≤ 15 %) is about. Side by side, the two processes share the core's
+caches, and each costs more per request than alone (overhead.py's figure is the one the
+target is checked against); what this script gives is a difference that holds still.
+
+Run: python benchmarks/paired_cost.py [--rounds 5] [--seconds 4] [--connections 128]
+With wrk (Debian package `wrk`) when installed; else two aiohttp load processes, which on one
+core cannot saturate both proxies (the CPU per request is still each one's own).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from overhead_client import parse_wrk, sim_headers, write_wrk_script
+from overhead_procs import BenchError, Procs, cpu_seconds, pick_cpus, start_serve, start_upstream
+
+PATH = "/v1/chat/completions"
+CLIENT = str(Path(__file__).with_name("overhead_client.py"))
+HEADERS = sim_headers(0, 0, 16)
+
+
+def load_argv(loader: str, workdir: Path, url: str, connections: int, seconds: int) -> list[str]:
+    """One saturation load against url: wrk, or overhead_client.py's aiohttp loader."""
+    if loader == "wrk":
+        script = write_wrk_script(workdir / "post.lua", HEADERS)
+        return [shutil.which("wrk") or "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+                "-s", str(script), url + PATH]
+    return [sys.executable, CLIENT, "load", url, str(connections), "0", str(seconds), json.dumps(HEADERS)]
+
+
+def answered(loader: str, output: str) -> int:
+    if loader == "wrk":
+        return int(parse_wrk(output)["requests"])
+    return int(json.loads(output.strip().splitlines()[-1])["requests"])
+
+
+def side_by_side(procs: Procs, load_cpu: int | None, loader: str, argvs: list[list[str]],
+                 pids: list[int]) -> list[float]:
+    """Run one load per proxy at once; CPU µs per answered request of each proxy."""
+    before = [cpu_seconds([pid]) for pid in pids]
+    loads = [procs.start(f"load{i}", argv, load_cpu, pipe=True) for i, argv in enumerate(argvs)]
+    outputs = [load.communicate(timeout=120)[0] for load in loads]
+    for load in loads:
+        procs.stop(load)
+    used = [cpu_seconds([pid]) - b for pid, b in zip(pids, before)]
+    counts = [answered(loader, out) for out in outputs]
+    if not all(counts):
+        raise BenchError(f"a load answered no request: {counts}")
+    return [u * 1e6 / n for u, n in zip(used, counts)]
+
+
+@click.command()
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--seconds", type=click.IntRange(min=1), default=4, show_default=True, help="Length of each round.")
+@click.option("--connections", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Connections to each proxy.")
+@click.option("--loader", type=click.Choice(["auto", "wrk", "aiohttp"]), default="auto", show_default=True)
+def main(rounds: int, seconds: int, connections: int, loader: str) -> None:
+    if loader == "auto":
+        loader = "wrk" if shutil.which("wrk") else "aiohttp"
+    load_cpu, proxy_cpu = pick_cpus()
+    with tempfile.TemporaryDirectory(prefix="llmtap-paired-") as tmp, Procs(Path(tmp)) as procs:
+        try:
+            upstream = start_upstream(procs, load_cpu, 0, 0, 16)
+            (measured, measured_url), (relay, relay_url) = (
+                start_serve(procs, "llmtap", proxy_cpu, upstream, measure=True),
+                start_serve(procs, "relay", proxy_cpu, upstream, measure=False))
+            urls, pids = [measured_url, relay_url], [measured.pid, relay.pid]
+            argvs = lambda secs: [load_argv(loader, Path(tmp), u, connections, secs) for u in urls]  # noqa: E731
+            side_by_side(procs, load_cpu, loader, argvs(2), pids)  # warm-up
+            costs = []
+            click.echo(f"{'round':>5}  {'llmtap µs/req':>13}  {'relay-only µs/req':>17}  {'measuring':>9}  {'cost':>6}")
+            for r in range(1, rounds + 1):
+                m, rel = side_by_side(procs, load_cpu, loader, argvs(seconds), pids)
+                costs.append((m, rel))
+                click.echo(f"{r:>5}  {m:>13.1f}  {rel:>17.1f}  {m - rel:>+9.1f}  {1 - rel / m:>6.1%}")
+        except (BenchError, subprocess.TimeoutExpired, RuntimeError) as exc:
+            raise SystemExit(f"paired_cost.py: {exc}") from None
+    m, rel = statistics.median(c[0] for c in costs), statistics.median(c[1] for c in costs)
+    added = statistics.median(c[0] - c[1] for c in costs)
+    cost = statistics.median(1 - c[1] / c[0] for c in costs)
+    click.echo(f"{'median':>5}  {m:>13.1f}  {rel:>17.1f}  {added:>+9.1f}  {cost:>6.1%}  (each column's own median)")
+
+
+if __name__ == "__main__":
+    main()
