@@ -19,7 +19,8 @@ from .routes import RouteTable
 
 # An ended request's row is built together with those of the next few (`ProxyState.record_ended`):
 # one after another, the meter's code and data stay in the CPU's caches, and measuring costs a
-# fifth less than row by row between other requests' reads (benchmarks/overhead.py, non-streaming).
+# fifth less than row by row between other requests' reads (non-streaming, measured side by side
+# as benchmarks/paired_cost.py does; benchmarks/README.md "After the third round").
 RECORD_BATCH = 32
 RECORD_DELAY_S = 0.005  # the longest an ended request waits for its row to be built
 # A batch's work is bounded too, so that building it holds the loop well under a millisecond
