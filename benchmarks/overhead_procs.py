@@ -75,7 +75,7 @@ class Procs:
         self.close()
 
     def start(self, name: str, argv: list[str], cpu: int | None, *, env: dict[str, str] | None = None,
-              pipe: bool = False) -> subprocess.Popen:
+              pipe: bool = False, cwd: Path | None = None) -> subprocess.Popen:
         """Start `argv` on `cpu`; its output goes to <workdir>/<name>.log unless `pipe`."""
         if cpu is not None and TASKSET is not None:
             argv = [TASKSET, "-c", str(cpu), *argv]
@@ -84,7 +84,7 @@ class Procs:
         err = open(log.with_suffix(".err.log") if pipe else log, "ab")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if pipe else subprocess.DEVNULL, stdout=out,
-                                    stderr=err, env=env, preexec_fn=_child_setup(cpu), text=pipe)
+                                    stderr=err, env=env, cwd=cwd, preexec_fn=_child_setup(cpu), text=pipe)
         finally:
             if not pipe:
                 out.close()
@@ -164,17 +164,21 @@ def start_upstream(procs: Procs, cpu: int | None, ttft_ms: float, itl_ms: float,
     return procs.wait_ready("upstream", proc, ready)
 
 
-def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, measure: bool) -> tuple[subprocess.Popen, str]:
-    """`llmtap serve` on a free port, its own data directory and database; --quiet (no per-request line)."""
+def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, measure: bool,
+                source: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`llmtap serve` on a free port, its own data directory and database; --quiet (no per-request line).
+    With `source`, the llmtap of that source tree (its `proxy` package comes first on the path)."""
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
     state = home / "serve.json"
     state.unlink(missing_ok=True)
     env = {**os.environ, "LLMTAP_HOME": str(home), "LLMTAP_CONFIG": str(home / "none.toml")}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(source), os.environ.get("PYTHONPATH"))))
     argv = [*LLMTAP, "serve", "--port", "0", "--upstream", upstream, "--db", str(home / "bench.duckdb"), "--quiet"]
     if not measure:
         argv.append("--no-measure")
-    proc = procs.start(name, argv, cpu, env=env)
+    proc = procs.start(name, argv, cpu, env=env, cwd=source)
 
     def ready() -> str | None:
         try:

@@ -16,6 +16,11 @@ caches, and each costs more per request than alone (overhead.py's figure is the 
 target is checked against); what this script gives is a difference that holds still.
 
 Run: python benchmarks/paired_cost.py [--rounds 5] [--seconds 4] [--connections 128]
+
+With `--against DIR`, the second proxy is llmtap measuring too, run from the source tree DIR
+(a `git worktree` of a change, say): the difference is then what the change saves or costs
+per request, measured the same steady way.
+
 With wrk (Debian package `wrk`) when installed; else two aiohttp load processes, which on one
 core cannot saturate both proxies (the CPU per request is still each one's own).
 """
@@ -76,7 +81,9 @@ def side_by_side(procs: Procs, load_cpu: int | None, loader: str, argvs: list[li
 @click.option("--connections", type=click.IntRange(min=1), default=128, show_default=True,
               help="Connections to each proxy.")
 @click.option("--loader", type=click.Choice(["auto", "wrk", "aiohttp"]), default="auto", show_default=True)
-def main(rounds: int, seconds: int, connections: int, loader: str) -> None:
+@click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Compare with llmtap (measuring) from this source tree instead of relay-only.")
+def main(rounds: int, seconds: int, connections: int, loader: str, against: Path | None) -> None:
     if loader == "auto":
         loader = "wrk" if shutil.which("wrk") else "aiohttp"
     load_cpu, proxy_cpu = pick_cpus()
@@ -85,12 +92,15 @@ def main(rounds: int, seconds: int, connections: int, loader: str) -> None:
             upstream = start_upstream(procs, load_cpu, 0, 0, 16)
             (measured, measured_url), (relay, relay_url) = (
                 start_serve(procs, "llmtap", proxy_cpu, upstream, measure=True),
-                start_serve(procs, "relay", proxy_cpu, upstream, measure=False))
+                start_serve(procs, "other", proxy_cpu, upstream, measure=against is not None,
+                            source=against.resolve() if against else None))
             urls, pids = [measured_url, relay_url], [measured.pid, relay.pid]
             argvs = lambda secs: [load_argv(loader, Path(tmp), u, connections, secs) for u in urls]  # noqa: E731
             side_by_side(procs, load_cpu, loader, argvs(2), pids)  # warm-up
             costs = []
-            click.echo(f"{'round':>5}  {'llmtap µs/req':>13}  {'relay-only µs/req':>17}  {'measuring':>9}  {'cost':>6}")
+            other = "against µs/req" if against else "relay-only µs/req"
+            click.echo(f"{'round':>5}  {'llmtap µs/req':>13}  {other:>17}  {'difference' if against else 'measuring':>9}"
+                       f"  {'share' if against else 'cost':>6}")
             for r in range(1, rounds + 1):
                 m, rel = side_by_side(procs, load_cpu, loader, argvs(seconds), pids)
                 costs.append((m, rel))

@@ -42,10 +42,11 @@ def test_quick_run_reports_every_figure(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.timeout(90)
-def test_paired_cost_runs_both_proxies_side_by_side() -> None:
+@pytest.mark.parametrize("against", [[], ["--against", str(ROOT)]], ids=["relay-only", "another-tree"])
+def test_paired_cost_runs_both_proxies_side_by_side(against: list[str]) -> None:
     """benchmarks/paired_cost.py, one tiny round with the aiohttp loader (wrk may be absent)."""
     proc = subprocess.run([sys.executable, str(SCRIPT.with_name("paired_cost.py")), "--rounds", "1", "--seconds", "1",
-                           "--connections", "4", "--loader", "aiohttp"],
+                           "--connections", "4", "--loader", "aiohttp", *against],
                           cwd=ROOT, capture_output=True, text=True, timeout=80)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
@@ -54,3 +55,4 @@ def test_paired_cost_runs_both_proxies_side_by_side() -> None:
     assert measuring == pytest.approx(llmtap - relay, abs=0.2)
     assert cost == pytest.approx(100 * (1 - relay / llmtap), abs=0.2)
     assert lines["median"][1:5] == lines["1"][1:5]  # one round: its own median
+    assert ("against µs/req" in proc.stdout) == bool(against), proc.stdout
