@@ -1,26 +1,34 @@
-"""How a batch of rows becomes one INSERT: one Arrow column per table column.
+"""How a batch of rows becomes one INSERT.
 
-DuckDB converts Python values one by one at 0.4-0.9 µs each (with every
-column a typed list parameter, the fastest way through its Python API), some
-20 µs for a request row of 47 columns. Built as Arrow arrays by nanoarrow
-(Apache Arrow's small C library) and scanned by DuckDB without conversion, the
-same row costs about 8 µs: the writer shares the proxy's core, so this is CPU
-the relay gets back (see benchmarks/store_throughput.py).
+`requests` rows are queued as their JSON text, one `orjson.dumps` each as the row is
+put, and DuckDB parses a batch of them in one INSERT (`from_json_strict`, in C++).
+Queued as text, a row's Python objects are freed at once, while the code that made
+them is still warm: side by side in a saturated `llmtap serve`, each request costs
+8 µs less than with the row kept as a dict until the writer converts it to Arrow
+(benchmarks/paired_cost.py --against; benchmarks/README.md "Fourth round"), though
+on its own the JSON path takes more CPU per row (benchmarks/store_throughput.py).
 
-A value that does not fit its column (a string for a number, an integer over
-64 bits) makes `columns()` raise ValueError, which the store treats as bad data:
-it splits the batch to find and drop that row.
+`chunks` and `bodies` rows are tuples in column order, built as Arrow arrays by
+nanoarrow (Apache Arrow's small C library) and scanned by DuckDB without
+conversion: some 200 times faster than `executemany` (benchmarks/store_throughput.py).
+
+A row that does not fit its table raises ValueError, from `JsonTable.encode` (not a
+dict, a naive datetime, an integer over 64 bits), from `columns()` or from DuckDB's
+cast (text in a number column, a number too large for its column); the store
+rejects that row and keeps the others.
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
+from array import array
 from datetime import datetime
+from itertools import accumulate
 from typing import Any
 
 import duckdb
 import nanoarrow as na
+import orjson
 
 from .schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 
@@ -46,13 +54,12 @@ def _micros(value: datetime | None) -> int | None:
 
 
 class Table:
-    """One table's rows, as dicts (`requests`) or tuples in column order (`chunks`, `bodies`)."""
+    """One table's rows as tuples in column order (`chunks`, `bodies`)."""
 
     def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
         self.name = name
         self.names = tuple(n for n, _ in columns)
         self.types = tuple(_ARROW_TYPES[t] for _, t in columns)
-        self._pick = operator.itemgetter(*self.names)
         self.timestamps = frozenset(i for i, (_, t) in enumerate(columns) if t == "TIMESTAMPTZ")
         self.struct = na.struct(dict(zip(self.names, self.types)))
         # Each INSERT holds the GIL while it builds its arrays: short ones keep the event loop's waits short.
@@ -60,16 +67,10 @@ class Table:
         self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT * FROM {BATCH_VIEW}"
 
     def columns(self, rows: list[Any]) -> list[Any]:
-        if rows and isinstance(rows[0], dict):
-            try:  # the meter's rows have every column: picked in C, twice as fast as one get each
-                cols: list[Any] = list(zip(*map(self._pick, rows)))
-            except KeyError:
-                cols = [[row.get(name) for row in rows] for name in self.names]
-        else:
-            width = len(self.names)
-            if any(len(row) != width for row in rows):
-                raise ValueError(f"a {self.name} row is not a tuple of {width} values")
-            cols = list(zip(*rows))
+        width = len(self.names)
+        if any(len(row) != width for row in rows):
+            raise ValueError(f"a {self.name} row is not a tuple of {width} values")
+        cols: list[Any] = list(zip(*rows))
         for i in self.timestamps:
             cols[i] = [_micros(v) for v in cols[i]]
         return cols
@@ -94,6 +95,40 @@ class Table:
                     cur.unregister(BATCH_VIEW)
 
 
-REQUESTS = Table("requests", REQUEST_COLUMNS, 2_000)
+class JsonTable(Table):
+    """A table whose rows are dicts, queued as their JSON text (`encode`)."""
+
+    def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
+        super().__init__(name, columns, rows_per_insert)
+        self._stamped = tuple(self.names[i] for i in sorted(self.timestamps))
+        struct = ", ".join(f'"{n}": "{t}"' for n, t in columns)
+        self.sql = (f"INSERT INTO {name} ({', '.join(self.names)}) "
+                    f"SELECT unnest(from_json_strict(j, '{{{struct}}}')) FROM {BATCH_VIEW}")
+
+    def encode(self, row: dict[str, Any]) -> bytes:
+        """One row as JSON text. A missing column is NULL, as are NaN and infinities (JSON has none)."""
+        if not isinstance(row, dict):
+            raise ValueError(f"a {self.name} row is a dict, not {type(row).__name__}")
+        if len(row) != len(self.names):  # the meter's rows have every column, and only those
+            row = {name: row.get(name) for name in self.names}
+        for name in self._stamped:
+            value = row[name]
+            if isinstance(value, datetime) and value.tzinfo is None:
+                raise ValueError("a TIMESTAMPTZ value must be an aware datetime")
+        try:
+            return orjson.dumps(row)
+        except orjson.JSONEncodeError as exc:  # an integer over 64 bits, a type JSON lacks
+            raise ValueError(f"{self.name} row: {exc}") from exc
+
+    def batch(self, rows: list[bytes]) -> na.ArrayStream:
+        """The rows' JSON texts as one column `j`: one buffer and its offsets, no per-row conversion."""
+        offsets = array("q", [0])
+        offsets.extend(accumulate(map(len, rows)))
+        text = na.c_array_from_buffers(na.large_string(), len(rows), [None, offsets, b"".join(rows)])
+        return na.ArrayStream(na.c_array_from_buffers(na.struct({"j": na.large_string()}), len(rows), [None],
+                                                      children=[text]))
+
+
+REQUESTS = JsonTable("requests", REQUEST_COLUMNS, 2_000)
 CHUNKS = Table("chunks", CHUNK_COLUMNS, 10_000)
 BODIES = Table("bodies", BODY_COLUMNS, 200)

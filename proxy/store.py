@@ -1,10 +1,9 @@
 """The DuckDB store: rows go in on the event loop, a writer thread writes them.
 
-`put()` runs on the event loop for every request, so it only appends to a list
-under a short lock. One daemon thread takes everything pending about every
-`flush_interval_s` and writes it in one transaction, each table's rows as one
-Arrow batch (proxy/batch.py): some 200 times faster than `executemany` (see
-benchmarks/store_throughput.py).
+`put()` runs on the event loop for every request, so it only encodes the row as
+JSON text and appends it to a list under a short lock. One daemon thread takes
+everything pending about every `flush_interval_s` and writes it in one
+transaction, each table's rows in one INSERT per batch (proxy/batch.py).
 
 DuckDB lets one process open a file for writing, so while the proxy runs the CLI
 queries through it: `query()` runs one read-only statement on its own cursor,
@@ -35,7 +34,7 @@ WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
 # While the database cannot be written (a full disk), rows wait in memory up to these bounds, some
-# 100 MB in all (a request row is about 3 KB, a chunk row about 130 bytes); then new rows are dropped.
+# 100 MB in all (a request row's JSON is about 1.2 KB, a chunk row about 130 bytes); then new rows are dropped.
 MAX_PENDING_REQUESTS = 20_000
 MAX_PENDING_CHUNKS = 500_000
 MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
@@ -107,7 +106,8 @@ class Store:
         self._report_fn = report
         self._lock = threading.Lock()
         self._written = threading.Condition(self._lock)
-        self._requests: list[dict[str, Any]] = []
+        self._requests: list[bytes] = []  # JSON texts (batch.JsonTable.encode)
+        self._unfit: list[Exception] = []  # why rows put since the last take could not be encoded
         self._chunks: list[tuple[Any, ...]] = []
         self._put_seq = 0  # requests accepted by put()
         self._done_seq = 0  # of those, how many the writer has finished with
@@ -189,8 +189,13 @@ class Store:
     def put(self, row: dict[str, Any], chunks: list[tuple[Any, ...]] | None = None) -> None:
         """Queue one request's row and its chunk rows. Never blocks, never raises.
 
-        The store keeps `row` and the chunk tuples as they are: do not change them afterwards.
+        The row is encoded at once; the store keeps the chunk tuples as they are: do not change them.
+        A row that cannot be encoded is rejected as the writer rejects rows that do not fit the schema.
         """
+        try:
+            blob: bytes | Exception = REQUESTS.encode(row)
+        except ValueError as exc:
+            blob = exc
         try:
             n = len(chunks) if chunks and self._record_chunks else 0
             with self._lock:
@@ -206,7 +211,10 @@ class Store:
                         self._counts["chunks_dropped"] += n
                     elif n:
                         self._chunks.extend(chunks)  # type: ignore[arg-type]
-                    self._requests.append(row)
+                    if isinstance(blob, bytes):
+                        self._requests.append(blob)
+                    else:
+                        self._unfit.append(blob)
                     self._put_seq += 1
                     wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
             if first is not None:
@@ -266,10 +274,11 @@ class Store:
             taken = time.monotonic()
             with self._lock:
                 requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
+                unfit, self._unfit = self._unfit, []
                 self._requests, self._chunks, self._bodies, self._body_bytes = [], [], [], 0
                 self._inflight = [len(requests), len(chunks)]
-            if requests or chunks or bodies:
-                self._write_batch(requests, chunks, bodies)
+            if requests or chunks or bodies or unfit:
+                self._write_batch(requests, chunks, bodies, unfit)
             with self._lock:
                 self._done_seq = seq
                 self._inflight = [0, 0]
@@ -277,11 +286,12 @@ class Store:
                 if self._stop.is_set() and not self._requests and not self._chunks and not self._bodies:
                     return
 
-    def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None) -> None:
+    def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None,
+                     unfit: list[Exception] | None = None) -> None:
         tables = ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or []))
-        units: deque[Unit] = deque([[(t, rows) for t, rows in tables if rows]])
-        rejected: dict[str, int] = {"requests": 0, "chunks": 0, "bodies": 0}
-        first_failure: Exception | None = None
+        units: deque[Unit] = deque([[(t, rows) for t, rows in tables if rows]] if requests or chunks or bodies else [])
+        rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0}
+        first_failure: Exception | None = unfit[0] if unfit else None
         delay = RETRY_FIRST_S
         failures = 0
         while units:
@@ -360,10 +370,11 @@ class Store:
 
     def _drop_pending(self) -> None:
         with self._lock:
-            self._counts["requests_dropped"] += len(self._requests)
+            self._counts["requests_dropped"] += len(self._requests) + len(self._unfit)
+            self._counts["rows_rejected"] += len(self._unfit)
             self._counts["chunks_dropped"] += len(self._chunks)
             self._counts["bodies_dropped"] += len(self._bodies)
-            self._requests, self._chunks, self._bodies, self._body_bytes = [], [], [], 0
+            self._requests, self._chunks, self._bodies, self._body_bytes, self._unfit = [], [], [], 0, []
             self._done_seq = self._put_seq
             self._written.notify_all()
 

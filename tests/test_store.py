@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import os
@@ -432,3 +433,14 @@ def test_a_value_of_the_wrong_type_costs_its_row_only(store: Store, reports: lis
     assert store.flush(5)
     assert rows(store, "SELECT id, e2e_ms FROM requests") == [("ok", 1.0)]
     assert store.stats()["rows_rejected"] == 2
+
+
+def test_request_rows_travel_as_json_text(store: Store):
+    """Request rows are queued as JSON (batch.JsonTable): what JSON cannot say is said plainly."""
+    store.put({"id": "nan", "e2e_ms": float("nan"), "ttft_ms": float("inf")})  # JSON has neither: NULL
+    store.put({"id": "extra", "not_a_column": 1, "status": 200})  # a key that is no column is left out
+    store.put(collections.OrderedDict(id="ordered", status=201))  # any dict
+    assert store.flush(5)
+    assert rows(store, "SELECT id, e2e_ms, ttft_ms, status FROM requests ORDER BY id") == [
+        ("extra", None, None, 200), ("nan", None, None, None), ("ordered", None, None, 201)]
+    assert store.stats()["rows_rejected"] == 0
