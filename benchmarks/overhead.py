@@ -18,6 +18,9 @@ the same round. benchmarks/README.md says what each figure is.
   rss          a fresh `llmtap serve`: RSS idle, then with 1,000 slow streams open
 
     python benchmarks/overhead.py [--rounds 5] [--streams 64] [--json FILE] [--no-nginx] [--quick]
+
+`--against DIR` adds one more target, llmtap measuring from the source tree DIR (a `git
+worktree` of main, say), through every phase: a change and what it replaces, in one run.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def _loop_factory() -> Any:
         return None
 
 
-def run(p: Params, nginx: bool, loader: str, keep: bool) -> dict[str, Any]:
+def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = None) -> dict[str, Any]:
     cpus = procs_mod.pick_cpus()
     procs_mod.pin_self(cpus[0])
     _raise_fd_limit(4 * p.open_streams + 1024)
@@ -100,7 +103,7 @@ def run(p: Params, nginx: bool, loader: str, keep: bool) -> dict[str, Any]:
     try:
         with Procs(workdir) as procs, asyncio.Runner(loop_factory=_loop_factory()) as runner:
             bench = Bench(p, procs, runner, cpus, loader)
-            bench.start(nginx)
+            bench.start(nginx, against)
             log(f"targets: {', '.join(f'{t.name} {t.url}' for t in bench.targets.values())}; workdir {workdir}")
             for index in range(p.rounds):
                 t = time.monotonic()
@@ -124,7 +127,7 @@ def run(p: Params, nginx: bool, loader: str, keep: bool) -> dict[str, Any]:
                     "load_before": load_before, "load_after_each_round": loads,
                     "load_cpu": cpus[0], "proxy_cpu": cpus[1], "taskset": procs_mod.TASKSET is not None,
                     "loader": loader, "nginx": nginx_version, "llmtap": _git_state(),
-                    "probe_priority": probe_priority},
+                    "probe_priority": probe_priority, "against": str(against) if against else None},
         "params": asdict(p),
         "raw_rounds": rounds,
         "rounds": per_round,
@@ -145,8 +148,10 @@ def run(p: Params, nginx: bool, loader: str, keep: bool) -> dict[str, Any]:
 @click.option("--quick", is_flag=True, help="Tiny counts and short streams: checks that it runs, nothing more.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write every figure here.")
 @click.option("--keep", is_flag=True, help="Keep the temp dir with the processes' logs.")
+@click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="One more column: llmtap (measuring) from this source tree, e.g. a git worktree of main.")
 def main(rounds: int | None, streams: int | None, open_streams: int | None, seconds: float | None, loader: str,
-         no_nginx: bool, quick: bool, json_path: Path | None, keep: bool) -> None:
+         no_nginx: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None) -> None:
     """Measure llmtap's own cost against direct, relay-only and nginx."""
     p = QUICK if quick else Params()
     p = replace(p, **{k: v for k, v in {"rounds": rounds, "streams": streams, "open_streams": open_streams,
@@ -163,7 +168,7 @@ def main(rounds: int | None, streams: int | None, open_streams: int | None, seco
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        result = run(p, nginx, loader, keep)
+        result = run(p, nginx, loader, keep, against.resolve() if against else None)
     except BenchError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

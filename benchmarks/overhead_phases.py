@@ -17,7 +17,7 @@ import overhead_procs as procs_mod
 from overhead_client import (Probe, ProbeFailed, Streams, hold_streams, parse_wrk, run_steady, run_streams,
                              sim_headers, write_wrk_script)
 from overhead_procs import BenchError, Procs, cpu_seconds, cpu_times, rss_kib, tree
-from overhead_report import DIRECT, LLMTAP, NGINX, RELAY, percentile
+from overhead_report import AGAINST, DIRECT, LLMTAP, NGINX, RELAY, percentile
 
 CLIENT = str(Path(__file__).resolve().parent / "overhead_client.py")
 
@@ -70,14 +70,18 @@ class Bench:
         self.upstream = ""
         self.targets: dict[str, Target] = {}
         self.probe_priority: str | None = None  # the health probe's scheduling: fifo or normal
+        self.against: Path | None = None
         self.warm = sim_headers(0, 0, 1)
 
-    def start(self, nginx: bool) -> None:
+    def start(self, nginx: bool, against: Path | None = None) -> None:
+        """Every target; `against`: a source tree whose llmtap (measuring) is one more target."""
         p = self.p
+        self.against = against
         self.upstream = procs_mod.start_upstream(self.procs, self.load_cpu, p.ttft_ms, p.itl_ms, p.tokens)
         self.targets[DIRECT] = Target(DIRECT, self.upstream)
-        for name, measure in ((LLMTAP, True), (RELAY, False)):
-            proc, url = procs_mod.start_serve(self.procs, name, self.proxy_cpu, self.upstream, measure=measure)
+        for name, measure in ((LLMTAP, True), (RELAY, False), *(((AGAINST, True),) if against else ())):
+            proc, url = procs_mod.start_serve(self.procs, name, self.proxy_cpu, self.upstream, measure=measure,
+                                              source=against if name == AGAINST else None)
             self.targets[name] = Target(name, url, proc.pid, health=True)
         if nginx:
             proc, url = procs_mod.start_nginx(self.procs, self.proxy_cpu, self.upstream)
@@ -92,8 +96,8 @@ class Bench:
         for phase in (self.single, self.concurrent, self.saturation):
             for name in order:
                 values[name].update(phase(self.targets[name]))
-        for name in [n for n in order if n in (LLMTAP, RELAY)]:
-            values[name].update(self.rss(name, measure=name == LLMTAP, index=index))
+        for name in [n for n in order if n in (LLMTAP, RELAY, AGAINST)]:
+            values[name].update(self.rss(name, measure=name != RELAY, index=index))
         return values
 
     def single(self, target: Target) -> dict[str, Any]:
@@ -210,7 +214,8 @@ class Bench:
     def rss(self, name: str, *, measure: bool, index: int) -> dict[str, Any]:
         p = self.p
         label = f"{name}-rss{index}"
-        proc, url = procs_mod.start_serve(self.procs, label, self.proxy_cpu, self.upstream, measure=measure)
+        proc, url = procs_mod.start_serve(self.procs, label, self.proxy_cpu, self.upstream, measure=measure,
+                                          source=self.against if name == AGAINST else None)
         try:
             self.runner.run(run_streams(url, 8, 2, self.warm, self.warm))
             time.sleep(p.tail_s)

@@ -6,9 +6,10 @@ import math
 import statistics
 from typing import Any
 
-DIRECT, LLMTAP, RELAY, NGINX = "direct", "llmtap", "relay", "nginx"
-LABELS = {DIRECT: "direct", LLMTAP: "llmtap", RELAY: "llmtap --no-measure", NGINX: "nginx"}
-PROXIES = (LLMTAP, RELAY, NGINX)
+DIRECT, LLMTAP, RELAY, NGINX, AGAINST = "direct", "llmtap", "relay", "nginx", "against"
+LABELS = {DIRECT: "direct", LLMTAP: "llmtap", RELAY: "llmtap --no-measure", NGINX: "nginx", AGAINST: "llmtap --against"}
+PROXIES = (LLMTAP, RELAY, NGINX, AGAINST)
+MEASURING = (LLMTAP, AGAINST)  # the targets that measure: each gets a measuring cost
 
 # (figure, row label, unit, added over direct?)
 ROWS: tuple[tuple[str, str, str, bool], ...] = (
@@ -78,9 +79,9 @@ def added(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, dict[str, A
                 if is_added and name in fig and name in direct:
                     fig[name] = fig[name] - direct[name]
             row[target] = fig
-        if LLMTAP in values and RELAY in values:
-            relay_rps = values[RELAY].get("saturation_rps", math.nan)
-            row[LLMTAP]["measure_cost_pct"] = (1 - values[LLMTAP].get("saturation_rps", math.nan) / relay_rps) * 100
+        relay_rps = values.get(RELAY, {}).get("saturation_rps", math.nan)
+        for target in (t for t in MEASURING if t in values):
+            row[target]["measure_cost_pct"] = (1 - values[target].get("saturation_rps", math.nan) / relay_rps) * 100
         out.append(row)
     return out
 

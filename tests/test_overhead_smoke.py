@@ -42,6 +42,24 @@ def test_quick_run_reports_every_figure(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.timeout(90)
+def test_against_adds_a_measuring_column_from_another_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--against DIR: llmtap from the tree DIR goes through every phase and gets its own measuring cost."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from overhead_report import REQUIRED
+
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-nginx", "--against", str(ROOT),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    against = result["medians"]["against"]
+    for name in REQUIRED:
+        assert isinstance(against.get(name), (int, float)) and math.isfinite(against[name]), f"{name}: {against.get(name)!r}"
+    assert result["machine"]["against"] == str(ROOT)
+    assert "llmtap --against" in proc.stdout
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("against", [[], ["--against", str(ROOT)]], ids=["relay-only", "another-tree"])
 def test_paired_cost_runs_both_proxies_side_by_side(against: list[str]) -> None:
     """benchmarks/paired_cost.py, one tiny round with the aiohttp loader (wrk may be absent)."""
