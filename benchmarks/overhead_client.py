@@ -4,7 +4,8 @@ In the benchmark's own process (pinned beside the upstream): streaming clients t
 time every SSE event. As separate processes, started with this file as the script:
 
     python overhead_client.py probe URL    GET URL every 10 ms, sample by sample, until told to stop
-    python overhead_client.py load URL     non-streaming POSTs from N connections (when wrk is absent)
+    python overhead_client.py load URL     POSTs from N connections (when wrk is absent); non-streaming,
+                                           or streaming with a last argument `stream`
 """
 
 from __future__ import annotations
@@ -258,9 +259,9 @@ end
 """
 
 
-def write_wrk_script(path: Path, headers: dict[str, str]) -> Path:
+def write_wrk_script(path: Path, headers: dict[str, str], body: bytes = PLAIN_BODY) -> Path:
     lines = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
-    path.write_text(WRK_SCRIPT.format(body=PLAIN_BODY.decode(), headers=lines))
+    path.write_text(WRK_SCRIPT.format(body=body.decode(), headers=lines))
     return path
 
 
@@ -273,7 +274,8 @@ def parse_wrk(output: str) -> dict[str, float]:
     raise RuntimeError(f"no result from wrk:\n{output[-2000:]}")
 
 
-async def _load(base: str, connections: int, warmup_s: float, seconds: float, headers: dict[str, str]) -> dict:
+async def _load(base: str, connections: int, warmup_s: float, seconds: float, headers: dict[str, str],
+                body: bytes = PLAIN_BODY) -> dict:
     url, done, errors, latencies = base + PATH, 0, 0, []
     start = time.perf_counter() + warmup_s
     end = start + seconds
@@ -282,7 +284,7 @@ async def _load(base: str, connections: int, warmup_s: float, seconds: float, he
         nonlocal done, errors
         while (t := time.perf_counter()) < end:
             try:
-                async with session.post(url, data=PLAIN_BODY, headers=headers) as resp:
+                async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
                     ok = resp.status == 200
             except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -302,19 +304,21 @@ async def _load(base: str, connections: int, warmup_s: float, seconds: float, he
             "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
 
 
-def load_main(url: str, connections: int, warmup_s: float, seconds: float, headers: dict[str, str]) -> None:
+def load_main(url: str, connections: int, warmup_s: float, seconds: float, headers: dict[str, str],
+              body: bytes = PLAIN_BODY) -> None:
     try:
         import uvloop
         run = uvloop.run
     except ImportError:  # pragma: no cover
         run = asyncio.run
-    print(json.dumps(run(_load(url, connections, warmup_s, seconds, headers))), flush=True)
+    print(json.dumps(run(_load(url, connections, warmup_s, seconds, headers, body))), flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "probe":
         probe_main(sys.argv[2], max_s=float(sys.argv[3]) if len(sys.argv) > 3 else 600.0)
     elif sys.argv[1] == "load":
-        load_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6]))
+        load_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6]),
+                  STREAM_BODY if sys.argv[7:8] == ["stream"] else PLAIN_BODY)
     else:
         sys.exit(f"unknown mode {sys.argv[1]!r}")

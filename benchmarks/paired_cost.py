@@ -15,7 +15,10 @@ overhead.py's target (≤ 15 %) is about. Side by side, the two processes share 
 caches, and each costs more per request than alone (overhead.py's figure is the one the
 target is checked against); what this script gives is a difference that holds still.
 
-Run: python benchmarks/paired_cost.py [--rounds 5] [--seconds 4] [--connections 128]
+Run: python benchmarks/paired_cost.py [--rounds 5] [--seconds 4] [--connections 128] [--events N]
+
+With `--events N` the answers are streams of N events, sent at once: what measuring a stream
+costs per request (divide by N for a figure per event).
 
 With `--against DIR`, the second proxy is llmtap measuring too, run from the source tree DIR
 (a `git worktree` of a change, say): the difference is then what the change saves or costs
@@ -37,21 +40,23 @@ from pathlib import Path
 
 import click
 
-from overhead_client import parse_wrk, sim_headers, write_wrk_script
+from overhead_client import PLAIN_BODY, STREAM_BODY, parse_wrk, sim_headers, write_wrk_script
 from overhead_procs import BenchError, Procs, cpu_seconds, pick_cpus, start_serve, start_upstream
 
 PATH = "/v1/chat/completions"
 CLIENT = str(Path(__file__).with_name("overhead_client.py"))
-HEADERS = sim_headers(0, 0, 16)
 
 
-def load_argv(loader: str, workdir: Path, url: str, connections: int, seconds: int) -> list[str]:
-    """One saturation load against url: wrk, or overhead_client.py's aiohttp loader."""
+def load_argv(loader: str, workdir: Path, url: str, connections: int, seconds: int, events: int) -> list[str]:
+    """One saturation load against url: wrk, or overhead_client.py's aiohttp loader. Non-streaming
+    answers of 16 tokens, or with `events`, streams of that many events sent at once."""
+    headers = sim_headers(0, 0, events or 16)
     if loader == "wrk":
-        script = write_wrk_script(workdir / "post.lua", HEADERS)
+        script = write_wrk_script(workdir / "post.lua", headers, STREAM_BODY if events else PLAIN_BODY)
         return [shutil.which("wrk") or "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
                 "-s", str(script), url + PATH]
-    return [sys.executable, CLIENT, "load", url, str(connections), "0", str(seconds), json.dumps(HEADERS)]
+    return [sys.executable, CLIENT, "load", url, str(connections), "0", str(seconds), json.dumps(headers),
+            *(["stream"] if events else [])]
 
 
 def answered(loader: str, output: str) -> int:
@@ -83,7 +88,9 @@ def side_by_side(procs: Procs, load_cpu: int | None, loader: str, argvs: list[li
 @click.option("--loader", type=click.Choice(["auto", "wrk", "aiohttp"]), default="auto", show_default=True)
 @click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Compare with llmtap (measuring) from this source tree instead of relay-only.")
-def main(rounds: int, seconds: int, connections: int, loader: str, against: Path | None) -> None:
+@click.option("--events", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Streamed answers of this many events (sent at once) instead of non-streaming ones.")
+def main(rounds: int, seconds: int, connections: int, loader: str, against: Path | None, events: int) -> None:
     if loader == "auto":
         loader = "wrk" if shutil.which("wrk") else "aiohttp"
     load_cpu, proxy_cpu = pick_cpus()
@@ -95,7 +102,7 @@ def main(rounds: int, seconds: int, connections: int, loader: str, against: Path
                 start_serve(procs, "other", proxy_cpu, upstream, measure=against is not None,
                             source=against.resolve() if against else None))
             urls, pids = [measured_url, relay_url], [measured.pid, relay.pid]
-            argvs = lambda secs: [load_argv(loader, Path(tmp), u, connections, secs) for u in urls]  # noqa: E731
+            argvs = lambda secs: [load_argv(loader, Path(tmp), u, connections, secs, events) for u in urls]  # noqa: E731
             side_by_side(procs, load_cpu, loader, argvs(2), pids)  # warm-up
             costs = []
             other = "against µs/req" if against else "relay-only µs/req"
