@@ -97,16 +97,16 @@ def main(rounds: int, seconds: int, connections: int, loader: str, against: Path
     with tempfile.TemporaryDirectory(prefix="llmtap-paired-") as tmp, Procs(Path(tmp)) as procs:
         try:
             upstream = start_upstream(procs, load_cpu, 0, 0, 16)
-            (measured, measured_url), (relay, relay_url) = (
+            (measured, measured_url), (other, other_url) = (
                 start_serve(procs, "llmtap", proxy_cpu, upstream, measure=True),
                 start_serve(procs, "other", proxy_cpu, upstream, measure=against is not None,
                             source=against.resolve() if against else None))
-            urls, pids = [measured_url, relay_url], [measured.pid, relay.pid]
+            urls, pids = [measured_url, other_url], [measured.pid, other.pid]
             argvs = lambda secs: [load_argv(loader, Path(tmp), u, connections, secs, events) for u in urls]  # noqa: E731
             side_by_side(procs, load_cpu, loader, argvs(2), pids)  # warm-up
             costs = []
-            other = "against µs/req" if against else "relay-only µs/req"
-            click.echo(f"{'round':>5}  {'llmtap µs/req':>13}  {other:>17}  {'difference' if against else 'measuring':>9}"
+            column = "against µs/req" if against else "relay-only µs/req"
+            click.echo(f"{'round':>5}  {'llmtap µs/req':>13}  {column:>17}  {'difference' if against else 'measuring':>9}"
                        f"  {'share' if against else 'cost':>6}")
             for r in range(1, rounds + 1):
                 m, rel = side_by_side(procs, load_cpu, loader, argvs(seconds), pids)

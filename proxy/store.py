@@ -194,7 +194,7 @@ class Store:
         """
         try:
             blob: bytes | Exception = REQUESTS.encode(row)
-        except ValueError as exc:
+        except Exception as exc:  # whatever a row that is not one raises: rejected, reported by the writer
             blob = exc
         try:
             n = len(chunks) if chunks and self._record_chunks else 0
