@@ -444,3 +444,12 @@ def test_request_rows_travel_as_json_text(store: Store):
     assert rows(store, "SELECT id, e2e_ms, ttft_ms, status FROM requests ORDER BY id") == [
         ("extra", None, None, 200), ("nan", None, None, None), ("ordered", None, None, 201)]
     assert store.stats()["rows_rejected"] == 0
+
+
+def test_a_row_of_every_width_but_the_wrong_keys_is_rejected_not_raised(store: Store, reports: list[str]):
+    wrong = {name: None for name in REQUEST_COLUMN_NAMES if name != "started_at"} | {"id": "wrong", "zzz": 1}
+    store.put(wrong)  # as many keys as columns, one of them no column: encoding it fails inside put
+    store.put({"id": "fine"})
+    assert store.flush(5)
+    assert rows(store, "SELECT id FROM requests") == [("fine",)]
+    assert store.stats()["rows_rejected"] == 1 and "1 request row(s)" in reports[0]
