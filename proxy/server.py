@@ -119,6 +119,13 @@ class RunningProxy:
         self.state.record_ended()
         return self.store.flush(timeout) if self.store is not None else True
 
+    async def aflush(self, timeout: float = 10) -> bool:
+        """`flush` without blocking the event loop: the rows are built here, the wait is in a thread."""
+        self.state.record_ended()
+        if self.store is None:
+            return True
+        return await asyncio.get_running_loop().run_in_executor(None, self.store.flush, timeout)
+
     async def aclose(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()  # handlers still running end here, and record their requests

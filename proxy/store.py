@@ -288,8 +288,8 @@ class Store:
 
     def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None,
                      unfit: list[Exception] | None = None) -> None:
-        tables = ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or []))
-        units: deque[Unit] = deque([[(t, rows) for t, rows in tables if rows]] if requests or chunks or bodies else [])
+        first: Unit = [(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or [])) if rows]
+        units: deque[Unit] = deque([first] if first else [])
         rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0}
         first_failure: Exception | None = unfit[0] if unfit else None
         delay = RETRY_FIRST_S

@@ -63,11 +63,8 @@ class Setup:
         sql = (f"SELECT tag, coalesce(upstream_host, ''), count(*) FROM requests "
                f"WHERE starts_with(tag, {sql_string(tag_base + '-')}) GROUP BY ALL ORDER BY 1, 2")
         if self.proxy is not None and self.proxy.store is not None:
-            store = self.proxy.store
-            loop = asyncio.get_running_loop()
-            self.proxy.state.record_ended()  # on the loop; the store's flush waits in a thread
-            await loop.run_in_executor(None, store.flush, 10)
-            _, _, rows = await loop.run_in_executor(None, store.query, sql)
+            await self.proxy.aflush(10)
+            _, _, rows = await asyncio.get_running_loop().run_in_executor(None, self.proxy.store.query, sql)
             return [tuple(r) for r in rows]  # type: ignore[misc]
         if self.serving is not None:
             return await _poll_serving(self.serving, sql, expected)
