@@ -157,7 +157,7 @@ def inflight_entry(meter: Meter, labels: Labels, now_ns: int) -> dict[str, Any]:
         "id": meter.id, "method": meter.method, "path": meter.path,
         "model": model, "tool": tool, "session_id": session_id, "status": meter.status,
         "elapsed_ms": round(elapsed_ms, 1), "ttft_ms": None if ttft_ms is None else round(ttft_ms, 1),
-        "output_events": len(meter.times), "tokens": tokens,
+        "output_events": meter.output_events, "tokens": tokens,
         "tokens_per_s": round(tokens * 1000 / elapsed_ms, 1) if tokens and elapsed_ms > 0 else None,
     }
 

@@ -36,6 +36,10 @@ MAX_SSE_EVENT = 8 * 1024 * 1024
 ERROR_MESSAGE_MAX = 500
 PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
 PENDING_BYTES = 256 * 1024
+# Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
+# chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
+# (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
+MAX_EVENTS_KEPT = 20_000
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -52,7 +56,8 @@ class Meter:
     """Marks named after the moments they record; see the README's column list."""
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
-        "_body", "_body_len", "_decoder", "_pending", "_pending_bytes", "_sse", "broken", "chars",
+        "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
+        "_sse", "broken", "chars",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -96,6 +101,9 @@ class Meter:
         self.times: list[int] = []  # arrival of each output event
         self.sizes: list[int] = []
         self.kinds: list[str] = []
+        self._over = 0  # output events past MAX_EVENTS_KEPT, folded into the next two
+        self._gaps: _GapHistogram | None = None  # every gap between output events, once over the cap
+        self._last_event: tuple[int, int, str] | None = None  # the last event past the cap: time, size, kind
         self.first_text: int | None = None
         self.chars = 0
         self.broken: str | None = None
@@ -178,6 +186,8 @@ class Meter:
                             self.first_text = t_ns
         finally:
             self.chars += chars
+            if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
+                self._fold()
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
@@ -217,6 +227,31 @@ class Meter:
         self.chars += chars
         if visible and self.first_text is None:
             self.first_text = t_ns
+        if len(self.times) > MAX_EVENTS_KEPT:
+            self._fold()
+
+    @property
+    def output_events(self) -> int:
+        """Output events so far, those past the cap included (`times` keeps at most MAX_EVENTS_KEPT)."""
+        return len(self.times) + self._over
+
+    def _fold(self) -> None:
+        """Over MAX_EVENTS_KEPT output events: the first MAX_EVENTS_KEPT stay one by one (their chunk
+        rows), the ones after become running figures: how many, the last one (its time, size and kind,
+        for its chunk row) and every gap in a histogram (`_GapHistogram`: exact maximum, p50 and p99
+        within 3%). Called after a batch of reads, so the lists overshoot the cap by one batch at most."""
+        times, cap = self.times, MAX_EVENTS_KEPT
+        gaps = self._gaps
+        if gaps is None:  # the first time: the kept events' gaps go in too, the figures cover them all
+            gaps = self._gaps = _GapHistogram()
+            gaps.add(times[0], times[1:cap])
+            prev = times[cap - 1]
+        else:
+            prev = self._last_event[0]  # type: ignore[index]
+        gaps.add(prev, times[cap:])
+        self._over += len(times) - cap
+        self._last_event = (times[-1], self.sizes[-1], self.kinds[-1])
+        del times[cap:], self.sizes[cap:], self.kinds[cap:]
 
     def mark_broken(self, message: str) -> None:
         if self.broken is None:
@@ -242,9 +277,17 @@ class Meter:
         self.request_body = b""
         sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
         ttft = (times[0] - r) / 1e6 if times else None
-        last = (times[-1] - r) / 1e6 if times else None
         e2e = (end_ns - r) / 1e6
-        gap_p50, gap_p99, gap_max = _gaps_ms(times)
+        events, parse_error = len(times) + self._over, self.broken or d.parse_error
+        if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
+            last = (self._last_event[0] - r) / 1e6
+            gap_p50, gap_p99, gap_max = self._gaps.quantiles_ms()
+            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
+                      " gap p50/p99 from a histogram (within 3%)")
+            parse_error = f"{parse_error}; {capped}" if parse_error else capped
+        else:
+            last = (times[-1] - r) / 1e6 if times else None
+            gap_p50, gap_p99, gap_max = _gaps_ms(times)
         u = d.usage
         out, source = u.output_tokens, "usage" if u.seen() else None
         if out is None and self.chars:
@@ -275,7 +318,7 @@ class Meter:
             "error_type": error[0] if error else None,
             "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
             "outcome": outcome or self._outcome(),
-            "parse_error": self._clean(self.broken or d.parse_error),
+            "parse_error": self._clean(parse_error),
             "empty_choices_chunks": d.empty_choices_chunks,
             "retry_after": self.retry_after,
             "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
@@ -285,11 +328,11 @@ class Meter:
             "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
             "last_token_ms": last,
             "e2e_ms": e2e,
-            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and len(times) > 1 else None,
+            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,
             "gap_p50_ms": gap_p50,
             "gap_p99_ms": gap_p99,
             "gap_max_ms": gap_max,
-            "output_events": len(times),
+            "output_events": events,
             "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
             "input_tokens": u.input_tokens,
             "output_tokens": out,
@@ -302,8 +345,12 @@ class Meter:
 
     def _chunk_rows(self) -> list[tuple]:
         rid, r = self.id, self.received
-        return [(rid, i, (t - r) / 1e6, size, kind)
-                for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))]
+        chunks = [(rid, i, (t - r) / 1e6, size, kind)
+                  for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))]
+        if self._last_event is not None:  # past the cap: the last event's row too, with its own seq
+            t, size, kind = self._last_event
+            chunks.append((rid, len(self.times) + self._over - 1, (t - r) / 1e6, size, kind))
+        return chunks
 
     def secrets(self) -> list[str]:
         """The credentials this request carried (and an injected one): never to be written anywhere."""
@@ -343,3 +390,58 @@ def _gaps_ms(times: list[int]) -> tuple[float | None, float | None, float | None
 def _gap_ms(sorted_ns: list[int], q: float) -> float | None:
     value = quantile(sorted_ns, q)
     return None if value is None else value / 1e6
+
+
+class _GapHistogram:
+    """The gaps between a long stream's output events (past MAX_EVENTS_KEPT) in constant memory:
+    a count per bucket, 16 buckets per power of two of nanoseconds (a gap's top five bits, as HDR
+    histograms do; under 32 ns exact). A bucket's middle is within 1/32 of any gap in it, so p50
+    and p99 are within about 3% of the exact figures (interpolated between ranks as `quantile`
+    does); the maximum is exact."""
+
+    __slots__ = ("counts", "n", "top")
+
+    def __init__(self) -> None:
+        self.counts = [0] * 1024  # 8 KiB: up to gaps of 2**64 ns
+        self.n = 0
+        self.top = 0
+
+    def add(self, prev: int, times: list[int]) -> None:
+        """The gaps from `prev` to times[0], and between the times that follow."""
+        counts, top = self.counts, self.top
+        for t in times:
+            gap = t - prev if t > prev else 0
+            prev = t
+            if gap > top:
+                top = gap
+            if gap < 32:
+                counts[gap] += 1
+            else:
+                shift = gap.bit_length() - 5
+                counts[min((shift << 4) + (gap >> shift), 1023)] += 1
+        self.n += len(times)
+        self.top = top
+
+    def quantiles_ms(self) -> tuple[float | None, float | None, float | None]:
+        """p50, p99 and max, in ms (as `_gaps_ms`)."""
+        if not self.n:
+            return None, None, None
+        return self._quantile(0.5) / 1e6, self._quantile(0.99) / 1e6, self.top / 1e6
+
+    def _quantile(self, q: float) -> float:
+        pos = (self.n - 1) * q
+        lo = int(pos)
+        a, b = self._at(lo), self._at(min(lo + 1, self.n - 1))
+        return a + (b - a) * (pos - lo)
+
+    def _at(self, rank: int) -> float:
+        """The middle of the bucket holding the gap of this rank (0: the smallest)."""
+        seen = 0
+        for i, count in enumerate(self.counts):
+            seen += count
+            if seen > rank:
+                if i < 32:
+                    return float(i)
+                shift = (i >> 4) - 1
+                return float((((i & 15) + 16) << shift) + (1 << shift) / 2)
+        return float(self.top)

@@ -150,3 +150,61 @@ async def test_a_stop_records_the_requests_still_waiting_for_their_row(sim: Simu
         assert p.state.requests_seen == 0  # no await since: its row waits for the batch or the delay
     con = duckdb.connect(str(tmp_path / "llmtap.duckdb"), read_only=True)
     assert con.execute("SELECT count(*), any_value(tag) FROM requests").fetchone() == (1, "batch")
+
+
+# -- a stream that never ends: per-request memory has a ceiling --------------------------------------
+
+
+def test_a_meter_past_its_event_cap_keeps_running_figures_in_bounded_memory() -> None:
+    """Three times MAX_EVENTS_KEPT events: the lists stay at the cap (give or take one batch of
+    reads), the row's counts and times are exact, the gaps close, and the row says what was kept."""
+    from proxy.meter import MAX_EVENTS_KEPT, PENDING_READS
+    from proxy.stats import quantile
+
+    meter = Meter(received_ns=0, method="POST", path="/v1/chat/completions", query={},
+                  headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag=None)
+    meter.response_started(200, CIMultiDictProxy(CIMultiDict({"Content-Type": "text/event-stream"})), 1)
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    total = 3 * MAX_EVENTS_KEPT
+    times, t = [], 5_000_000
+    for i in range(total):  # 1 ms gaps, every 50th 40 ms (2%), one of 777 ms well past the cap
+        t += 777_000_000 if i == 2 * MAX_EVENTS_KEPT + 7 else 40_000_000 if i % 50 == 0 else 1_000_000 + i % 7
+        times.append(t)
+    for t in times:
+        meter.on_chunk(event, t)
+        assert len(meter.times) == len(meter.sizes) == len(meter.kinds) <= MAX_EVENTS_KEPT + PENDING_READS
+    meter.on_chunk(b"data: [DONE]\n\n", times[-1] + 1)
+
+    row, chunks = meter.finish(None, times[-1] + 1_000_000)
+    assert len(meter.times) == len(meter.sizes) == len(meter.kinds) == MAX_EVENTS_KEPT
+    assert row["output_events"] == total and row["outcome"] == "ok"
+    assert row["ttft_ms"] == times[0] / 1e6 and row["last_token_ms"] == times[-1] / 1e6
+    out = row["output_tokens"]
+    assert out == total * 2 // 4 and row["tpot_ms"] == (row["last_token_ms"] - row["ttft_ms"]) / (out - 1)
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    assert row["gap_max_ms"] == gaps[-1] / 1e6 == 777
+    for column, q in (("gap_p50_ms", 0.5), ("gap_p99_ms", 0.99)):
+        exact = quantile(gaps, q) / 1e6  # type: ignore[operator]
+        assert abs(row[column] - exact) <= exact / 32, (column, row[column], exact)
+    assert row["parse_error"] == (f"over {MAX_EVENTS_KEPT} output events: chunk rows kept for the first "
+                                  f"{MAX_EVENTS_KEPT} and the last; gap p50/p99 from a histogram (within 3%)")
+    assert [c[1] for c in chunks] == [*range(MAX_EVENTS_KEPT), total - 1]
+    assert chunks[0][2] == row["ttft_ms"] and chunks[-1][2] == row["last_token_ms"]
+    assert all(c[3] == len(event) - 8 and c[4] == "text" for c in chunks)  # the payload, without "data: " and "\n\n"
+
+
+async def test_a_stream_past_the_event_cap_leaves_its_row_and_the_capped_chunk_rows(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import proxy.meter
+    monkeypatch.setattr(proxy.meter, "MAX_EVENTS_KEPT", 50)
+    headers = {"x-sim-ttft-ms": "0", "x-sim-itl-ms": "0", "x-sim-tokens": "400", "x-sim-prefill-us-per-token": "0"}
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        await timed_stream(p.url + "/v1/chat/completions", BODIES["/v1/chat/completions"], headers)
+        (row,) = rows(p)
+        chunks = rows(p, f"SELECT * FROM chunks WHERE request_id = '{row['id']}' ORDER BY seq")
+    assert row["outcome"] == "ok" and row["output_events"] == 400 and row["output_tokens"] == 400
+    assert row["parse_error"].startswith("over 50 output events: chunk rows kept for the first 50 and the last")
+    assert [c["seq"] for c in chunks] == [*range(50), 399]
+    assert chunks[0]["offset_ms"] == pytest.approx(row["ttft_ms"])
+    assert chunks[-1]["offset_ms"] == pytest.approx(row["last_token_ms"])
+    assert row["gap_max_ms"] is not None and row["tpot_ms"] is not None
