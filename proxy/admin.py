@@ -81,14 +81,16 @@ async def handle(request: web.Request, name: str) -> web.StreamResponse:
 
 def health(state: ProxyState) -> dict[str, Any]:
     store = state.store
+    stats = store.stats() if store is not None else None
     return {
-        "ok": True,
+        "ok": True,  # serving; what needs a look (the database file removed while serving) is in "warnings"
+        "warnings": stats["warnings"] if stats is not None else [],
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,
         "url_tags": True,  # /_tag/<tag>/ base URLs are understood
         "routes": [{"prefix": r.label, "upstream": str(r.upstream)} for r in state.routes.routes],
         "event_loop_lag": state.loop_lag.summary(),
-        "store": store.stats() if store is not None else None,
+        "store": stats,
     }
 
 

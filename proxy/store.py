@@ -116,8 +116,10 @@ class Store:
         self._body_bytes = 0
         self._counts = dict.fromkeys(
             ("requests_written", "chunks_written", "bodies_written", "requests_dropped", "chunks_dropped",
-             "bodies_dropped", "write_errors", "rows_rejected"), 0)
+             "bodies_dropped", "write_errors", "rows_rejected", "files_recreated"), 0)
         self._last_error: str | None = None
+        self._warnings: deque[str] = deque(maxlen=10)  # what /_llmtap/health shows besides the counts
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened (_check_file)
         self._dropping = False  # the queue is full: reported once, until a write succeeds
         self._closed = False
         self._wake = threading.Event()
@@ -142,6 +144,7 @@ class Store:
             con.close()
             raise StoreError(f"cannot prepare the database {self.path}: {_one_line(exc)}") from exc
         self._con, self._cur = con, cur
+        self._file = _file_id(self.path)
         self._thread = threading.Thread(target=self._run, name="llmtap-store", daemon=True)
         self._thread.start()
 
@@ -260,6 +263,7 @@ class Store:
                 "pending_chunks": len(self._chunks) + self._inflight[1],
                 "pending_bodies": len(self._bodies),
                 "last_error": self._last_error,
+                "warnings": list(self._warnings),
             }
 
     # -- the writer thread -----------------------------------------------------
@@ -272,6 +276,7 @@ class Store:
             self._wake.wait(max(0.0, taken + self._interval - time.monotonic()))
             self._wake.clear()
             taken = time.monotonic()
+            self._check_file()
             with self._lock:
                 requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
                 unfit, self._unfit = self._unfit, []
@@ -355,12 +360,39 @@ class Store:
         checkpoint that failed on a full disk, and only a new instance can write again."""
         con = _open_for_writing(self.path)
         try:
+            with _private_umask():
+                migrate(con)  # a file created anew (see _check_file): its tables; a no-op otherwise
             cur = self._writer_cursor(con)
         except duckdb.Error:
             con.close()
             raise
         with self._con_lock:
             self._con, self._cur = con, cur
+        self._file = _file_id(self.path)
+
+    def _check_file(self) -> None:
+        """The database file removed or replaced while serving (`rm`, another file renamed over it):
+        DuckDB would go on writing to the file it holds open, which no one can open again. One
+        `os.stat` per wake of the writer, before it writes: when the path no longer names the file
+        opened, close it and open the path anew (a new file, with its tables, or the one put
+        there), so that the rows from now on land there; reported once, and in `stats()`."""
+        now = _file_id(self.path)
+        if self._cur is None or self._file is None or now == self._file:
+            return
+        what = "removed" if now is None else "replaced"
+        self._close_connection()  # first: the old instance's .wal goes with it, never into the new file
+        try:
+            self._reopen()
+        except Exception as exc:  # noqa: BLE001 - the write loop retries the open (_write_batch)
+            warning = (f"llmtap store: {self.path} was {what} while serving and cannot be opened anew "
+                       f"({_describe(exc)}); retrying")
+        else:
+            kept = "recreated it" if what == "removed" else "opened the new file"
+            warning = f"llmtap store: {self.path} was {what} while serving; {kept}, rows from now on are kept there"
+        with self._lock:
+            self._counts["files_recreated"] += 1
+            self._warnings.append(warning)
+        self._report(warning)
 
     def _drop(self, units: deque[Unit]) -> None:
         with self._lock:
@@ -513,6 +545,15 @@ def _private_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Which file the path names now (device and inode); None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _invalidated(exc: BaseException) -> bool:

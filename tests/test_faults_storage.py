@@ -260,3 +260,43 @@ async def test_duckdb_memory_inside_the_proxy_is_bounded(sim: Simulator, tmp_pat
     async with RunningProxy(proxy_config(sim.url, tmp_path, db_memory_mb=64)) as p:
         assert p.store is not None
         assert p.store.query("SELECT current_setting('memory_limit')")[2] == [("64.0 MiB",)]
+
+
+# -- the file removed or replaced while serving ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_a_database_file_removed_or_replaced_while_serving_gets_the_later_rows(
+        sim: Simulator, tmp_path: Path, how: str) -> None:
+    """`rm` of the file (and its .wal), or another database renamed over it: the writer notices before its
+    next write, the rows from then on land in the file the path names now, and health says so."""
+    reports: list[str] = []
+    db = tmp_path / "llmtap.duckdb"
+    async with RunningProxy(proxy_config(sim.url, tmp_path), report=reports.append) as p:
+        assert p.store is not None
+        async with aiohttp.ClientSession() as s:
+            assert await chat(s, p.url, 3) == [200] * 3
+            assert p.flush(5)
+            if how == "removed":
+                db.unlink()
+                Path(f"{db}.wal").unlink(missing_ok=True)
+            else:
+                other = tmp_path / "other.duckdb"
+                duckdb.connect(str(other)).close()  # a database without llmtap's tables
+                os.replace(other, db)
+            assert await chat(s, p.url, 4) == [200] * 4
+            assert p.flush(5)
+            async with s.get(p.url + "/_llmtap/health") as r:
+                health = await r.json()
+            assert p.store.query("SELECT count(*) FROM requests")[2][0][0] == 4
+            assert not [f for f in open_files(tmp_path) if "(deleted)" in f]
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (4,)
+    assert con.execute("SELECT count(*) FROM chunks").fetchone()[0] > 0
+    con.close()
+    kept = "recreated it" if how == "removed" else "opened the new file"
+    warning = f"llmtap store: {db} was {how} while serving; {kept}, rows from now on are kept there"
+    assert health["ok"] is True and health["warnings"] == [warning]
+    assert health["store"]["files_recreated"] == 1 and health["store"]["requests_dropped"] == 0
+    assert reports.count(warning) == 1, reports
+    assert db.stat().st_mode & 0o077 == 0 or how == "replaced"  # a file llmtap creates is private
