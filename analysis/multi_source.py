@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from proxy.schema import CHUNK_COLUMNS
 from .filters import sql_identifier, sql_string
 from .remote import RemoteError, enable_httpfs, is_remote
 from .source import FileSource, SourceError
-from .views import views_sql
+from .views import table_columns, views_sql
 from proxy import duck
 
 CATALOG = "memory"  # an in-memory DuckDB's catalog
@@ -69,8 +70,12 @@ def classify(spec: str) -> Input:
     return Input(spec, "parquet", f"{root}/requests/*/*.parquet", f"{root}/chunks/*/*.parquet")
 
 
-def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None) -> FileSource:
-    """One FileSource over every input, with `requests`, `chunks` and the views of views.py."""
+def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None, *,
+                 writes_to: str | Path | None = None, lock: bool = True) -> FileSource:
+    """One FileSource over every input, with `requests`, `chunks` and the views of views.py.
+
+    Locked down as `open_source` is, to the inputs (and `writes_to`); not when an input is remote
+    (httpfs needs the network)."""
     if not specs:
         raise SourceError("--from needs at least one database or export")
     inputs = _unique([classify(spec) for spec in _expand(specs)])
@@ -82,11 +87,25 @@ def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None) -> 
         con.execute(f"CREATE VIEW {CATALOG}.main.requests AS {_union(requests)}")
         con.execute(f"CREATE VIEW {CATALOG}.main.chunks AS {_union(chunks) if chunks else _no_chunks()}")
         source = FileSource(con)
-        con.execute(views_sql(CATALOG))
+        con.execute(views_sql(CATALOG, table_columns(con, CATALOG)))
+        if lock and not any(is_remote(i.requests) for i in inputs):
+            duck.lock_down(con, directories=[*_roots(inputs), *([writes_to] if writes_to else [])],
+                           paths=[i.requests for i in inputs if i.kind == "duckdb"])
         return source
     except (RemoteError, SourceError, duckdb.Error) as exc:
         con.close()
         raise SourceError(str(exc)) from None
+
+
+def _roots(inputs: list[Input]) -> list[str]:
+    """The directories Parquet inputs read: each glob's part before its first wildcard."""
+    roots = []
+    for item in inputs:
+        for pattern in (item.requests, item.chunks):
+            if item.kind == "parquet" and pattern:
+                head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+                roots.append(head if head.endswith("/") else os.path.dirname(head) or ".")
+    return roots
 
 
 def _expand(specs: Sequence[str]) -> list[str]:

@@ -11,23 +11,17 @@ arrive as ISO strings.
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
 
-from proxy import paths
+from proxy import duck, paths, running
+from proxy.running import AdminClient, AdminError
 
 from .views import create_views
-from proxy import duck
 
-TOKEN_HEADER = "X-Llmtap-Admin-Token"
-# The proxy listens on this machine: never send its admin queries through HTTP(S)_PROXY.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 
 
@@ -65,47 +59,35 @@ class FileSource:
 
 
 class ServeSource:
-    """Queries sent to a running `llmtap serve` (its admin SQL endpoint)."""
+    """Queries sent to a running `llmtap serve` (its admin SQL endpoint, with its token)."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 300.0) -> None:
-        self.url, self.token, self.timeout = url, token, timeout
+    def __init__(self, admin: AdminClient, timeout: float = 300.0) -> None:
+        self.admin, self.timeout = admin, timeout
+
+    @property
+    def url(self) -> str:
+        return self.admin.endpoint("sql")
 
     def query(self, sql: str) -> Result:
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers[TOKEN_HEADER] = self.token
-        request = urllib.request.Request(
-            self.url, data=json.dumps({"sql": sql}).encode(), headers=headers, method="POST"
-        )
         try:
-            with _DIRECT.open(request, timeout=self.timeout) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise SourceError(_http_error_message(exc)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise SourceError(f"cannot reach llmtap serve at {self.url}: {reason}") from None
-        if answer.get("truncated"):
+            result, truncated = self.admin.sql(sql, self.timeout)
+        except AdminError as exc:
+            raise SourceError(str(exc)) from None
+        if truncated:
             print("llmtap: the running proxy returned only the first 100,000 rows; "
                   "add a LIMIT or use `llmtap export`", file=sys.stderr)
-        return answer["columns"], answer["types"], [tuple(row) for row in answer["rows"]]
+        return result
 
     def close(self) -> None:
         pass
 
 
-def _http_error_message(exc: urllib.error.HTTPError) -> str:
-    try:
-        message = json.loads(exc.read())["error"]
-    except (ValueError, KeyError, TypeError):
-        message = f"HTTP {exc.code} {exc.reason}"
-    if exc.code in (401, 403):
-        return f"llmtap serve refused the query: {message}"
-    return message
+def open_source(db_path: str | Path, *, writes_to: str | Path | None = None, lock: bool = True) -> Source:
+    """The file itself when we can open it, else the `llmtap serve` holding it.
 
-
-def open_source(db_path: str | Path) -> Source:
-    """The file itself when we can open it, else the `llmtap serve` holding it."""
+    The file's connection is locked down as the proxy's is (duck.lock_down): SQL reads the
+    database and nothing else, but for the directory `writes_to` (an export's). `lock=False`
+    for what needs more (httpfs, for an export to object storage)."""
     path = Path(db_path).expanduser()
     if not path.exists():
         raise SourceError(f"no database at {path} yet: run `llmtap serve` or `llmtap demo` first")
@@ -118,7 +100,10 @@ def open_source(db_path: str | Path) -> Source:
     except duckdb.Error as exc:
         raise SourceError(f"cannot open {path}: {exc}") from None
     try:
-        return FileSource(con)
+        source = FileSource(con)
+        if lock:
+            duck.lock_down(con, directories=[writes_to] if writes_to else ())
+        return source
     except duckdb.Error as exc:
         con.close()
         raise SourceError(f"cannot read {path}: {exc}") from None
@@ -130,34 +115,10 @@ def _is_lock_error(exc: duckdb.Error) -> bool:
 
 
 def _serve_source(path: Path, lock_message: str) -> ServeSource:
-    state_file = paths.state_path()
-    try:
-        state = json.loads(state_file.read_text())
-        port = int(state["port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise SourceError(
-            f"{path} is in use by another process and no running `llmtap serve` was found"
-            f" ({state_file} is missing or unreadable): {lock_message}"
-        ) from None
-    if _same_file(state.get("db"), path) is False:
-        raise SourceError(
-            f"{path} is in use by another process, and the running `llmtap serve` records to"
-            f" {state.get('db')}, not to this file: {lock_message}"
-        )
-    return ServeSource(f"http://{_connect_host(state.get('host'))}:{port}/_llmtap/sql",
-                       state.get("admin_token"))
-
-
-def _same_file(recorded: str | None, path: Path) -> bool | None:
-    if not recorded:
-        return None
-    return Path(recorded).expanduser().resolve() == path.resolve()
-
-
-def _connect_host(host: str | None) -> str:
-    """The address to reach a server listening on `host` (wildcards mean this machine)."""
-    if not host or host == "0.0.0.0":
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
+    found = running.states()
+    holder = next((state for state in found if state.holds(path)), None)
+    if holder is None:
+        where = (f"the running `llmtap serve` records to {', '.join(str(s.db) for s in found)}, not to this file"
+                 if found else f"no running `llmtap serve` was found (no state file in {paths.state_dir()})")
+        raise SourceError(f"{path} is in use by another process, and {where}: {lock_message}")
+    return ServeSource(running.AdminClient(holder.url, holder.admin_token))

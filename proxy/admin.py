@@ -17,8 +17,7 @@ from aiohttp import web
 
 from . import live
 from .relay_state import STATE, ProxyState
-
-TOKEN_HEADER = "X-Llmtap-Admin-Token"
+from .running import TOKEN_HEADER
 MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
 
 
@@ -47,27 +46,30 @@ def _local_name(host: str | None) -> bool:
 
 
 def allowed(request: web.Request, state: ProxyState) -> bool:
-    """Loopback peers only, unless `--allow-remote` with a token; the token whenever one is set.
+    """Loopback peers only, unless `--allow-remote`; and always the admin token.
 
-    Without a token, a browser must not get in either: a page elsewhere can make the browser
-    send requests to 127.0.0.1 (with its own Origin) or rebind its own name to it (its own Host).
+    The token is made per start unless configured, and kept in the owner-only state file
+    (proxy/running.py): another Unix user cannot read it, and a web page cannot read files, nor
+    send a custom header cross-site without a preflight (which llmtap refuses). A browser page is
+    refused even with a token (its Origin, or its own name in Host: DNS rebinding).
     """
-    token = state.config.admin_token
-    if not (_is_loopback(request.remote) or (token and state.config.allow_remote)):
+    token = state.admin_token
+    if not token or not (_is_loopback(request.remote) or state.config.allow_remote):
         return False
-    if token:
-        sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
-        return hmac.compare_digest(sent.encode(), token.encode())
+    sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
+    if not hmac.compare_digest(sent.encode(), token.encode()):
+        return False
     origin = request.headers.get("Origin")
-    return _local_name(request.host) and (origin is None or _local_name(origin))
+    return origin is None and (state.config.allow_remote or _local_name(request.host))
 
 
 async def handle(request: web.Request, name: str) -> web.StreamResponse:
     state = request.app[STATE]
     if not allowed(request, state):
         return _json({"error": "llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
-                               "--allow-remote) and, whenever an admin token is set, only requests carrying it in "
-                               "X-Llmtap-Admin-Token or Authorization: Bearer"}, 403)
+                               "--allow-remote) carrying the admin token in X-Llmtap-Admin-Token or Authorization: "
+                               "Bearer; llmtap's own commands read it from the running proxy's owner-only state "
+                               "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)"}, 403)
     if name == "health" and request.method == "GET":
         return _json(health(state))
     if name == "live" and request.method == "GET":
@@ -88,7 +90,8 @@ def health(state: ProxyState) -> dict[str, Any]:
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,
         "url_tags": True,  # /_tag/<tag>/ base URLs are understood
-        "routes": [{"prefix": r.label, "upstream": str(r.upstream)} for r in state.routes.routes],
+        "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
+                   for r in state.routes.routes],
         "event_loop_lag": state.loop_lag.summary(),
         "store": stats,
     }

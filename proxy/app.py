@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
 import urllib.parse
 from time import perf_counter_ns
 from typing import AsyncIterator, Awaitable, Callable
@@ -12,7 +11,9 @@ from typing import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from . import admin, websocket
+from . import admin, client_key, websocket
+from .guard import is_preflight
+from .egress import client_ssl_context
 from .errors import error_response
 from .forward import TAG_KEY, relay, request_tag, split_raw_path
 from .meter import Meter
@@ -35,12 +36,19 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     if path.startswith(TAG_PREFIX):
         path = strip_tag(request, path)
     if climbs(path):
-        return reject(request, path, received, 400, "llmtap: a path with a '..' segment is refused", "bad_path")
+        return reject(request, path, received, 400, "llmtap: a path with a '..' segment (however encoded) or a NUL "
+                      "byte is refused", "bad_path")
+    if (refused := state.guard.refusal(request)) is not None:
+        return reject(request, path, received, 403, refused, "refused_web_page")
+    if is_preflight(request):  # answered here, never relayed
+        return preflight(request, path, received)
     route = state.routes.match(path)
     if route is None:
         prefixes = ", ".join(state.routes.prefixes)
         message = f"llmtap: no route for {path}; configured prefixes: {prefixes}"
         return reject(request, path, received, 404, message, "no_route")
+    if route.credential is not None and not client_key.accepts(state.client_key or "", request.headers, request.query):
+        return reject(request, path, received, 401, CLIENT_KEY_NEEDED, "invalid_client_key")
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
@@ -48,22 +56,59 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
 
 NOT_A_FORWARD_PROXY = ("llmtap is a reverse proxy, not a forward proxy: only paths (`/v1/...`) are relayed, "
                        "to the configured upstreams; CONNECT and absolute URLs are refused")
-_SEPARATORS = re.compile(r"[/\\]")
+# A `..` segment, between `/` or `\\`; `..;x` too (Tomcat's path parameters: `/v1/..;/admin` climbs).
+_DOT_DOT = re.compile(r"(?:^|[/\\])\.\.(?:[/\\;]|$)")
+_IIS_ESCAPE = re.compile(r"%[uU]([0-9a-fA-F]{4})")
+# Overlong UTF-8 (`%c0%ae` is `.`, `%c0%af` is `/`): invalid, but lenient decoders take the bits they carry.
+_OVERLONG = re.compile(rb"[\xc0\xc1][\x80-\xbf]|\xe0[\x80-\x9f][\x80-\xbf]|\xf0[\x80-\x8f][\x80-\xbf][\x80-\xbf]")
 
 
 def climbs(path: str) -> bool:
-    """A `..` segment, however encoded (`%2e%2e`, `..%2f`, `..\\`, twice-encoded): an upstream that
-    resolves it would serve a path outside the route's base URL."""
+    """A `..` segment, however encoded: `%2e%2e`, `.%2e`, `..%2f`, `..\\`, `..;`, IIS's `%u002e`,
+    overlong UTF-8 (`%c0%ae`, `%e0%80%ae`), up to three times encoded; and a NUL byte, where a server
+    in C would end the path. An upstream that resolves such a path would serve one outside the
+    route's base URL. An ordinary path (no `%`) costs one regex search; without `.` or `%`, none."""
     if "." not in path and "%" not in path:
         return False
+    if "%" not in path:
+        return _DOT_DOT.search(path) is not None
     for _ in range(3):
-        if ".." in _SEPARATORS.split(path):
+        if _DOT_DOT.search(path) or "\x00" in path:
             return True
-        decoded = urllib.parse.unquote(path)
+        try:
+            decoded = _decoded(path)
+        except UnicodeError:  # not text even byte by byte: refused too
+            return True
         if decoded == path:
             return False
         path = decoded
-    return ".." in _SEPARATORS.split(path)
+    return _DOT_DOT.search(path) is not None or "\x00" in path
+
+
+def _decoded(path: str) -> str:
+    """One round of decoding as the most lenient servers do it: `%uXXXX`, `%XX`, then overlong UTF-8."""
+    if "%u" in path or "%U" in path:
+        path = _IIS_ESCAPE.sub(_iis_char, path)
+    raw = urllib.parse.unquote_to_bytes(path.encode("utf-8", "surrogateescape"))  # raw bytes as sent
+    if max(raw, default=0) >= 0xC0:
+        raw = _OVERLONG.sub(_overlong_char, raw)
+    return raw.decode("utf-8", "replace")
+
+
+def _iis_char(m: re.Match[str]) -> str:
+    code = int(m[1], 16)
+    return "\ufffd" if 0xD800 <= code < 0xE000 else chr(code)  # a lone surrogate has no UTF-8
+
+
+def _overlong_char(m: re.Match[bytes]) -> bytes:
+    b = m[0]
+    if len(b) == 2:
+        code = (b[0] & 0x1F) << 6 | b[1] & 0x3F
+    elif len(b) == 3:
+        code = (b[0] & 0x0F) << 12 | (b[1] & 0x3F) << 6 | b[2] & 0x3F
+    else:
+        code = (b[1] & 0x3F) << 12 | (b[2] & 0x3F) << 6 | b[3] & 0x3F
+    return chr(code).encode("utf-8", "surrogatepass")
 
 
 def strip_tag(request: web.Request, path: str) -> str:
@@ -74,15 +119,35 @@ def strip_tag(request: web.Request, path: str) -> str:
     return "/" + rest
 
 
+CLIENT_KEY_NEEDED = ("llmtap: this route puts llmtap's upstream key in place of yours, so it needs llmtap's "
+                     "client key as the API key (`llmtap setup TOOL` prints it or writes it into the tool's "
+                     "configuration)")
+
+
 def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str) -> web.Response:
     """Answer locally with an error in the API's shape, and leave a row that says so."""
+    _record_local(request, path, received, status, "http_error", (code, message))
+    return error_response(path, status, message, code)
+
+
+def preflight(request: web.Request, path: str, received: int) -> web.Response:
+    """A CORS preflight: llmtap's own 204 for an allowed origin, else a 403; a row either way."""
+    response = request.app[STATE].guard.preflight(request)
+    if response is None:
+        return reject(request, path, received, 403, "llmtap: CORS preflights are refused but from the origins "
+                      "of `llmtap serve --allow-origin ORIGIN`", "refused_web_page")
+    _record_local(request, path, received, response.status, "ok", None)
+    return response
+
+
+def _record_local(request: web.Request, path: str, received: int, status: int, outcome: str,
+                  error: tuple[str, str] | None) -> None:
     state = request.app[STATE]
     if state.config.measure:
         meter = Meter(received_ns=received, method=request.method, path=path, query={},
                       headers=request.headers, route="", upstream_host="", tag=request_tag(request, state))
         meter.status = status
-        state.record(meter, "http_error", (code, message))
-    return error_response(path, status, message, code)
+        state.record(meter, outcome, error)
 
 
 @web.middleware
@@ -97,15 +162,11 @@ async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web
     return await handler(request)
 
 
-def _ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
-
-
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
     connector = aiohttp.TCPConnector(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
-                                     ssl=_ssl_context(cfg.ca_bundle))
+                                     ssl=client_ssl_context(cfg.ca_bundle))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     state.session = aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
@@ -122,7 +183,7 @@ def make_app(state: ProxyState) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[refuse_forward_proxying])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.router.add_route("*", "/{tail:(?s:.*)}", dispatch)  # every path, a `%0a` in it too: each leaves a row
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,43 @@ from . import config as cfg
 from .routes import RouteError, parse_route
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Every command but serve, as "module:attribute": imported when it runs, so a command loads only what it
+# needs (`llmtap --version` or `llmtap sql` never imports aiohttp's server, the simulator or the bench).
+COMMANDS = {
+    "mock-upstream": "proxy.simulator.cli:mock_upstream",
+    "setup": "proxy.tools.cli:setup",
+    "run": "proxy.tools.cli:run",
+    "doctor": "proxy.tools.cli:doctor",
+    "sql": "analysis.cli:sql",
+    "report": "analysis.cli:report",
+    "errors": "analysis.cli:errors",
+    "export": "analysis.cli:export",
+    "show": "analysis.cli:show",
+    "demo": "analysis.cli:demo",
+    "bench": "analysis.bench.cli:bench",
+    "top": "analysis.top.cli:top",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands in `COMMANDS` are imported the first time they are looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, _, attribute = COMMANDS[cmd_name].partition(":")
+            try:
+                command = getattr(importlib.import_module(module), attribute)
+            except ImportError as exc:  # pragma: no cover - analysis is part of the package
+                print(f"llmtap: {cmd_name} unavailable: {exc}", file=sys.stderr)
+                return None
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llmtap")
 def main() -> None:
     """llmtap: a transparent measuring reverse proxy for LLM APIs."""
@@ -51,9 +88,13 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help="Seconds of upstream silence before giving up (default 600).")
 @click.option("--max-body-mb", type=float, help="Largest request body in MiB (default 64).")
 @click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
-@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CA bundle for TLS to the upstream.")
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CAs for TLS to the upstream, added to the system's (also read: REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS).")
+@click.option("--upstream-proxy", metavar="URL", help="Reach the upstreams through this HTTP proxy (http://[user:pass@]host:port), or `none` to go direct; default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY.")
+@click.option("--route-proxy", "route_proxy", multiple=True, metavar="PREFIX=URL", callback=lambda _ctx, _param, specs: dict(_pair(s, "--route-proxy") for s in specs), help="The same for one route prefix (URL or `none`), winning over the rest. Repeatable.")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow listening on a non-loopback address.")
-@click.option("--admin-token", envvar="LLMTAP_ADMIN_TOKEN", help="Token required by the /_llmtap/ admin endpoint (required with --allow-remote; or $LLMTAP_ADMIN_TOKEN).")
+@click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False), help="File holding the admin endpoint's token (owner-only; or $LLMTAP_ADMIN_TOKEN). Default: a new one per start, in the state file.")
+@click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN", help="Let web pages of ORIGIN (e.g. http://localhost:3000, or *) call the API through llmtap. Repeatable.")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME", help="Accept this name in the Host header besides localhost, IP addresses and this machine's names. Repeatable.")
 @click.option("--capture-bodies", is_flag=True, default=None, help="Store request and response bodies (decoded, secrets redacted) in the bodies table.")
 @click.option("--capture-max-kb", type=click.IntRange(min=0), help="Keep at most this many KiB of each captured body (default 256).")
 @click.option("--db-memory-mb", type=click.IntRange(min=16), help="DuckDB's memory limit inside the proxy, in MiB (default 256).")
@@ -84,21 +125,3 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
-
-
-def _register() -> None:
-    from .simulator.cli import mock_upstream
-
-    main.add_command(mock_upstream)
-    from .tools.cli import register as register_tools
-
-    register_tools(main)
-    try:
-        from analysis.cli import register
-    except ImportError as exc:  # pragma: no cover - analysis is part of the package
-        print(f"llmtap: analysis commands unavailable: {exc}", file=sys.stderr)
-        return
-    register(main)
-
-
-_register()

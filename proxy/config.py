@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import secrets
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from yarl import URL
+
+from . import egress, paths
 from .routes import Route, RouteError, RouteTable, make_route, normal_prefix
 
 EXAMPLE = (
@@ -40,7 +43,13 @@ class ServeConfig:
     ca_bundle: str | None = None
     flush_interval_s: float = 1.0
     allow_remote: bool = False
+    # The admin endpoint's secret: this, else $LLMTAP_ADMIN_TOKEN, else the file, else one made per start
+    # (kept in the owner-only state file, where llmtap's own commands read it).
     admin_token: str | None = None
+    admin_token_file: str | None = None
+    # Web pages are refused (proxy/guard.py) but for these origins; Host names this machine, or one of these.
+    allow_origins: list[str] = field(default_factory=list)
+    allow_hosts: list[str] = field(default_factory=list)
     # Off by default: request and response bodies (decoded, secrets redacted) in the `bodies` table.
     capture_bodies: bool = False
     capture_max_kb: int = 256
@@ -52,6 +61,11 @@ class ServeConfig:
     # default route and per route prefix. The client's own credential is then replaced.
     upstream_key_env: str | None = None
     route_key_env: dict[str, str] = field(default_factory=dict)
+    # The forward proxy to the upstreams (proxy/egress.py): unset, HTTPS_PROXY/HTTP_PROXY/NO_PROXY as
+    # the SDKs read them; a URL (credentials may be in it, never printed); "none": direct. Per route
+    # prefix too, where a URL or "none" wins over everything else.
+    upstream_proxy: str | None = None
+    route_proxy: dict[str, str] = field(default_factory=dict)
 
     @property
     def db_path(self) -> Path:
@@ -71,18 +85,37 @@ class ServeConfig:
                 routes.append(make_route("", self.upstream, _key_from_env(keys.pop("", None))))
             for prefix, url in self.routes.items():
                 routes.append(make_route(prefix, url, _key_from_env(keys.pop(normal_prefix(prefix), None))))
+            proxies = {normal_prefix(p): url for p, url in self.route_proxy.items()}
+            routes = [self._with_proxy(route, proxies.pop(route.prefix, None)) for route in routes]
             table = RouteTable(routes)
         except RouteError as exc:
             raise ConfigError(str(exc)) from None
         if keys:
             raise ConfigError(f"a key is configured for route(s) that do not exist: {', '.join(k or '/' for k in keys)}")
+        if proxies:
+            raise ConfigError(f"a proxy is configured for route(s) that do not exist: {', '.join(p or '/' for p in proxies)}")
+        try:
+            egress.check_ca_bundles(self.ca_bundle)
+        except egress.EgressError as exc:
+            raise ConfigError(str(exc)) from None
         if not routes:
             raise ConfigError("no upstream configured. Give one, for example:\n" + EXAMPLE)
         return table
 
+    def _with_proxy(self, route: Route, route_proxy: str | None) -> Route:
+        """The route with its forward proxy (or none), resolved from the settings and the environment."""
+        try:
+            found = egress.proxy_for(str(route.upstream), os.environ, self.upstream_proxy, route_proxy, route.label)
+        except egress.EgressError as exc:
+            raise ConfigError(str(exc)) from None
+        if found is None:
+            return route
+        return replace(route, proxy=URL(found.url), proxy_auth=egress.aiohttp_auth(found))
+
 
 _FIELDS = {f.name for f in fields(ServeConfig)}
-_TABLES = ("routes", "route_key_env")
+_TABLES = ("routes", "route_key_env", "route_proxy")
+_LISTS = ("allow_origins", "allow_hosts")
 
 
 def _key_from_env(var: str | None) -> str | None:
@@ -118,6 +151,9 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
         if key in _TABLES:
             if value:
                 values[key] = {**values.get(key, {}), **value}
+        elif key in _LISTS:
+            if value:
+                values[key] = [*values.get(key, []), *value]
         elif value is not None:
             values[key] = value
     try:
@@ -135,12 +171,15 @@ def to_toml(config: ServeConfig) -> str:
             lines.append(f"# {key} = (unset)")
         elif key in ("admin_token", "otel_headers"):
             lines.append(f"# {key} is set (hidden)")
+        elif key == "upstream_proxy":
+            lines.append(f"{key} = {_toml_value(egress.hide_credentials(value))}")
         else:
             lines.append(f"{key} = {_toml_value(value)}")
     for name, table in tables.items():
         if table:
             lines.append(f"\n[{name}]")
-            lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in table.items())
+            shown = {k: egress.hide_credentials(v) for k, v in table.items()} if name == "route_proxy" else table
+            lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in shown.items())
     return "\n".join(lines) + "\n"
 
 
@@ -149,5 +188,24 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+def admin_token(config: ServeConfig) -> str:
+    """The admin endpoint's secret: configured (file config, $LLMTAP_ADMIN_TOKEN, a token file),
+    else a new one for this start. Never taken from the command line, where `ps` shows it."""
+    if config.admin_token:
+        return config.admin_token
+    if token := os.environ.get("LLMTAP_ADMIN_TOKEN", "").strip():
+        return token
+    if config.admin_token_file:
+        from .client_key import SecretFileError, read_secret_file
+
+        try:
+            return read_secret_file(Path(config.admin_token_file).expanduser())
+        except SecretFileError as exc:
+            raise ConfigError(f"--admin-token-file: {exc}") from None
+    return secrets.token_urlsafe(32)

@@ -139,23 +139,71 @@ async def _relay(
 
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
                          path: str, route: Route) -> aiohttp.ClientResponse:
-    host = route.upstream.host
     headers = upstream_headers(request, route, path)
     if meter is not None:
         meter.upstream_sent = perf_counter_ns()  # handed to the connection pool: llmtap's own part ends
     try:
-        return await state.session.request(
+        response = await state.session.request(
             request.method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
+            proxy=route.proxy, proxy_auth=route.proxy_auth,
         )
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+        raise _unreachable(exc, route, path, meter) from None
+    if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
+        response.close()
+        status, code, message = proxy_refused(route, 407)
+        raise _finish("upstream_unreachable", (code, message), error_response(path, status, f"llmtap: {message}", code),
+                      meter, status)
+    return response
+
+
+def _unreachable(exc: BaseException, route: Route, path: str, meter: Meter | None) -> Finish:
+    """No upstream response: the forward proxy failed, the upstream did not answer in time, or not at all."""
+    host = route.upstream.host
+    if (failed := proxy_failure(exc, route)) is not None:
+        status, code, message = failed
+        outcome = "upstream_timeout" if status == 504 else "upstream_unreachable"
+        return _finish(outcome, (code, message), error_response(path, status, f"llmtap: {message}", code),
+                       meter, status)
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         message = f"upstream {host} did not answer in time ({_cause(exc, 'timed out')})"
-        raise _finish("upstream_timeout", ("upstream_timeout", message),
-                      error_response(path, 504, f"llmtap: {message}", "upstream_timeout"), meter, 504)
-    except aiohttp.ClientError as exc:
-        message = f"cannot reach upstream {host}: {_cause(exc, 'connection failed')}"
-        raise _finish("upstream_unreachable", ("upstream_unreachable", message),
-                      error_response(path, 502, f"llmtap: {message}", "upstream_unreachable"), meter, 502)
+        return _finish("upstream_timeout", ("upstream_timeout", message),
+                       error_response(path, 504, f"llmtap: {message}", "upstream_timeout"), meter, 504)
+    message = f"cannot reach upstream {host}: {_cause(exc, 'connection failed')}"
+    return _finish("upstream_unreachable", ("upstream_unreachable", message),
+                   error_response(path, 502, f"llmtap: {message}", "upstream_unreachable"), meter, 502)
+
+
+def proxy_failure(exc: BaseException, route: Route) -> tuple[int, str, str] | None:
+    """(status for the client, error code, message) when the forward proxy itself failed, else None.
+    The proxy is named by host and port only: its URL may hold credentials."""
+    if route.proxy is None:
+        return None
+    if isinstance(exc, aiohttp.ClientHttpProxyError):
+        return proxy_refused(route, exc.status)
+    where = f"the forward proxy {_proxy_label(route)} (used for upstream {route.upstream.host})"
+    if isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return 502, "upstream_proxy_unreachable", f"cannot reach {where}: {_cause(exc, 'connection failed')}"
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return 504, "upstream_proxy_timeout", f"cannot connect to {where} in time"
+    return None
+
+
+def proxy_refused(route: Route, status: int) -> tuple[int, str, str]:
+    """The forward proxy answered `status` instead of connecting llmtap to the upstream."""
+    proxy = f"the forward proxy {_proxy_label(route)}"
+    if status == 407:
+        return 502, "upstream_proxy_auth", (f"{proxy} refused llmtap's credentials (HTTP 407 Proxy Authentication "
+                                           "Required): check the user and password in the proxy URL "
+                                           "(`llmtap doctor` shows which setting it comes from)")
+    return 502, "upstream_proxy_refused", (f"{proxy} refused to connect llmtap to upstream "
+                                           f"{route.upstream.host}:{route.upstream.port} (HTTP {status})")
+
+
+def _proxy_label(route: Route) -> str:
+    host, port = (route.proxy.host or "", route.proxy.port) if route.proxy is not None else ("", None)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _cause(exc: BaseException, default: str) -> str:
@@ -186,8 +234,11 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
             meter.response_started(upstream.status, upstream.headers, t)
         except Exception as exc:
             meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
-    out = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                             headers=response_headers(upstream.headers))
+    headers = response_headers(upstream.headers)
+    if "Origin" in request.headers:  # a page of an allowed origin (guard.py refused the others) reads it
+        for name, value in request.app[STATE].guard.cors_headers(request).items():
+            headers.setdefault(name, value)
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await out.prepare(request)
     content = upstream.content
     while True:

@@ -26,6 +26,11 @@ def default_config_path() -> Path:
     return Path(base) / "llmtap" / "config.toml"
 
 
-def state_path() -> Path:
-    """JSON written by a running `llmtap serve`: pid, host, port, db path, admin token."""
-    return data_dir() / "serve.json"
+def state_dir() -> Path:
+    """One JSON file per running `llmtap serve`, named by its port (proxy/running.py)."""
+    return data_dir() / "run"
+
+
+def client_key_path() -> Path:
+    """llmtap's own client key, which clients present where a route injects the upstream key."""
+    return data_dir() / "client-key"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from dataclasses import dataclass, field
 from time import perf_counter_ns
@@ -12,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from .config import ServeConfig
+from .guard import Guard
 from .looplag import LoopLag
 from .meter import Meter
 from .routes import RouteTable
@@ -41,6 +43,9 @@ class ProxyState:
     routes: RouteTable
     store: Any = None  # proxy.store.Store, or None when not recording
     report: Callable[[str], None] = _stderr
+    admin_token: str = field(default="", repr=False)  # the admin endpoint's secret (config.admin_token)
+    client_key: str | None = field(default=None, repr=False)  # what clients present where a route injects a key
+    guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names
     session: aiohttp.ClientSession = field(init=False)
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     requests_seen: int = 0
@@ -100,8 +105,18 @@ class ProxyState:
 STATE = web.AppKey("llmtap_state", ProxyState)
 
 
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: line breaks, terminal escapes
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return _ESCAPES.get(m[0]) or f"\\x{ord(m[0]):02x}"
+
+
 def log_line(row: dict[str, Any]) -> str:
-    """One concise stderr line per request."""
+    """One concise stderr line per request. A client's model name or path and an upstream's error
+    message can hold control characters: shown escaped (`\\n`, `\\x1b`), so that no request can
+    forge a line or drive the terminal (one regex search per line; a substitution only when present)."""
     parts = [f"{row['method']} {row['path']}", str(row["status"] or "-"), row["outcome"]]
     if row.get("request_model"):
         parts.append(row["request_model"])
@@ -113,4 +128,5 @@ def log_line(row: dict[str, Any]) -> str:
         parts.append(f"in {row.get('input_tokens') or 0} out {row['output_tokens']}")
     if row.get("error_message"):
         parts.append(f"error: {row['error_message'][:120]}")
-    return "llmtap: " + "  ".join(parts)
+    line = "llmtap: " + "  ".join(parts)
+    return _CONTROLS.sub(_escaped, line) if _CONTROLS.search(line) else line

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
-import json
-import os
 import signal
 import socket
 import sys
@@ -15,9 +13,11 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from . import paths
+from . import running
 from .app import HTTP_LIMITS, make_app, routes_banner
-from .config import ConfigError, ServeConfig
+from .client_key import client_key
+from .config import ConfigError, ServeConfig, admin_token
+from .guard import Guard
 from .redact import scrub_library_logs
 from .metrics import PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
@@ -28,20 +28,15 @@ from .store import Store
 def check_bind(config: ServeConfig) -> None:
     """Loopback unless asked otherwise: a proxy holding API keys is not for the network.
 
-    A wider address needs `--allow-remote`, and then an admin token too: the admin endpoint
-    answers queries over every recorded request.
+    A wider address needs `--allow-remote`. The admin endpoint always needs its token (made per
+    start unless configured); remote admin clients need one they know: `--admin-token-file`.
     """
     if is_loopback_bind(config.host):
         return
     if not config.allow_remote:
         raise ConfigError(
             f"refusing to listen on {config.host}: llmtap binds loopback only unless you pass "
-            "--allow-remote (then also set --admin-token)"
-        )
-    if not config.admin_token:
-        raise ConfigError(
-            f"--allow-remote on {config.host} needs --admin-token for the /_llmtap/ admin endpoint, e.g. "
-            "--admin-token \"$(python3 -c 'import secrets; print(secrets.token_hex(16))')\""
+            "--allow-remote"
         )
 
 
@@ -75,7 +70,11 @@ class RunningProxy:
             self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                report=report)
-        self.state = ProxyState(config=config, routes=routes, store=self.store, report=report)
+        injects = any(route.credential for route in routes.routes)
+        self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
+                                admin_token=admin_token(config), client_key=client_key() if injects else None,
+                                guard=Guard.build(config.allow_origins, config.allow_hosts,
+                                                  remote=config.allow_remote and not is_loopback_bind(config.host)))
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
                                                loop_lag=self.state.loop_lag.summary)
         self.state.listeners.append(self.state.metrics.observe)
@@ -88,6 +87,15 @@ class RunningProxy:
             self.state.listeners.append(self.otel.observe)
         self.runner: web.AppRunner | None = None
         self.port = config.port
+
+    @property
+    def admin_token(self) -> str:
+        return self.state.admin_token
+
+    @property
+    def admin(self) -> running.AdminClient:
+        """An admin client for this proxy, with its token."""
+        return running.AdminClient(self.url, self.state.admin_token)
 
     @property
     def url(self) -> str:
@@ -148,22 +156,8 @@ def _register_views(store: Store) -> None:
 
 
 def write_state(proxy: RunningProxy) -> Path:
-    path = paths.state_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data: dict[str, Any] = {"pid": os.getpid(), "host": proxy.config.host, "port": proxy.port,
-                            "db": str(proxy.config.db_path), "admin_token": proxy.config.admin_token}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    return path
-
-
-def clear_state(path: Path) -> None:
-    try:
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-    except (OSError, ValueError):
-        pass
+    db = str(proxy.config.db_path) if proxy.store is not None else None
+    return running.write_state(host=proxy.config.host, port=proxy.port, db=db, admin_token=proxy.admin_token)
 
 
 SWITCH_INTERVAL_S = 0.0005
@@ -202,7 +196,7 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
             await stop.wait()
         finally:
             report("llmtap: stopping, flushing rows ...")
-            clear_state(state_file)
+            running.clear_state(state_file)
     report("llmtap: stopped")
 
 

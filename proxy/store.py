@@ -149,11 +149,13 @@ class Store:
         self._thread.start()
 
     def _writer_cursor(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+        """The writer's cursor, after the instance is locked down: queries through the admin
+        endpoint (`query`) read the database and touch nothing else (duck.lock_down)."""
         if self._memory_limit_mb:
             con.execute(f"SET memory_limit = '{int(self._memory_limit_mb)}MiB'")
-        cur = con.cursor()
-        cur.execute("SET TimeZone = 'UTC'")
-        return cur
+        con.execute("SET GLOBAL TimeZone = 'UTC'")
+        duck.lock_down(con)
+        return con.cursor()
 
     def close(self, timeout: float = 10) -> None:
         with self._lock:
@@ -455,7 +457,6 @@ class Store:
     def _run_query(
         self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        cur.execute("SET TimeZone = 'UTC'")
         if self.query_setup is not None:
             self.query_setup(cur)
         cur.execute("BEGIN TRANSACTION READ ONLY")

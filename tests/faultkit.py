@@ -4,7 +4,6 @@ resource snapshots, and a real `llmtap serve` process. Everything listens on 127
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -17,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy import paths
+from proxy import running
 
 Handler = Callable[["RawConn"], Awaitable[None]]
 
@@ -231,20 +230,16 @@ class Serve:
         self.proc = subprocess.Popen(args, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         self.base = ""
+        self.state: running.State | None = None
 
     async def started(self, within_s: float = 20) -> "Serve":
-        state = paths.state_path()
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited {self.proc.returncode}: {self.output()}")
-            try:
-                info = json.loads(state.read_text())
-                if info["pid"] == self.proc.pid:
-                    self.base = f"http://{info['host']}:{info['port']}"
-                    return self
-            except (OSError, ValueError, KeyError):
-                pass
+            if (state := running.state_of(self.proc.pid)) is not None:
+                self.base, self.state = state.url, state
+                return self
             await asyncio.sleep(0.05)
         self.proc.kill()
         raise AssertionError(f"serve did not start in {within_s} s: {self.output()}")
@@ -256,6 +251,12 @@ class Serve:
         """Never leave a serve process behind, whatever the test did."""
         if self.proc.poll() is None:
             self.stop(signal.SIGKILL if exc[0] is not None else signal.SIGTERM)
+
+    @property
+    def admin(self) -> running.AdminClient:
+        """Admin requests to this serve, with the token of its state file."""
+        assert self.state is not None, "serve has not started"
+        return running.AdminClient(self.base, self.state.admin_token)
 
     @property
     def port(self) -> int:

@@ -212,7 +212,7 @@ SERVE_DOUBLE = textwrap.dedent("""
     from aiohttp import web
     from analysis.views import create_views
 
-    db, state, token = sys.argv[1], sys.argv[2], sys.argv[3] or None
+    db, state_dir, token = sys.argv[1], sys.argv[2], sys.argv[3] or None
     MAX_ROWS = 100_000
     READ_ONLY = ("SELECT", "WITH", "FROM", "DESCRIBE", "SHOW", "SUMMARIZE", "EXPLAIN")
     con = duckdb.connect(db)
@@ -243,6 +243,7 @@ SERVE_DOUBLE = textwrap.dedent("""
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
+        state = os.path.join(state_dir, f"{port}.json")
         with open(state + ".tmp", "w") as f:
             json.dump({"pid": os.getpid(), "host": "127.0.0.1", "port": port, "db": db,
                        "admin_token": token}, f)
@@ -257,13 +258,13 @@ SERVE_DOUBLE = textwrap.dedent("""
 def serving(db: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     """The fixture database held by a serve stand-in; the test's token via indirect params."""
     token = getattr(request, "param", "")
-    state = paths.state_path()
-    state.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_DOUBLE, str(db), str(state), token],
+    state_dir = paths.state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_DOUBLE, str(db), str(state_dir), token],
                             env={**os.environ})
     try:
         deadline = time.monotonic() + 15
-        while not state.exists():
+        while not list(state_dir.glob("*.json")):
             assert proc.poll() is None, "the serve stand-in exited"
             assert time.monotonic() < deadline, "the serve stand-in did not start"
             time.sleep(0.02)
@@ -320,11 +321,12 @@ def test_query_errors_come_back_from_serve(serving: Path) -> None:
 @pytest.mark.parametrize("serving", ["s3cret"], indirect=True)
 def test_serve_with_an_admin_token(serving: Path) -> None:
     assert ok(sql(serving, "SELECT count(*) AS n FROM requests", "--format", "csv")) == "n\n31\n"
-    state = json.loads(paths.state_path().read_text())
-    paths.state_path().write_text(json.dumps({**state, "admin_token": "wrong"}))
+    (state_file,) = paths.state_dir().glob("*.json")
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "admin_token": "wrong"}))
     result = sql(serving, "SELECT 1")
     assert result.exit_code == 1
-    assert result.output == "Error: llmtap serve refused the query: the admin token is wrong\n"
+    assert result.output == "Error: llmtap serve refused the request: the admin token is wrong\n"
 
 
 @pytest.fixture
@@ -338,23 +340,24 @@ def held(db: Path) -> Iterator[Path]:
 
 
 def test_locked_and_no_serve(held: Path) -> None:
-    with pytest.raises(SourceError, match=r"in use by another process and no running `llmtap serve` was found"):
+    with pytest.raises(SourceError, match=r"in use by another process, and no running `llmtap serve` was found"):
         open_source(held)
 
 
 def test_serve_records_another_database(held: Path, tmp_path: Path) -> None:
-    state = paths.state_path()
+    state = paths.state_dir() / "9.json"
     state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(json.dumps({"pid": 1, "host": "127.0.0.1", "port": 9, "db": str(tmp_path / "other.duckdb"),
-                                 "admin_token": None}))
+    state.write_text(json.dumps({"pid": os.getpid(), "host": "127.0.0.1", "port": 9,
+                                 "db": str(tmp_path / "other.duckdb"), "admin_token": None}))
     with pytest.raises(SourceError, match=r"the running `llmtap serve` records to .*other\.duckdb, not to this file"):
         open_source(held)
 
 
 def test_serve_not_answering(held: Path) -> None:
-    state = paths.state_path()
+    state = paths.state_dir() / "9.json"
     state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(json.dumps({"pid": 1, "host": "0.0.0.0", "port": 9, "db": str(held), "admin_token": None}))
+    state.write_text(json.dumps({"pid": os.getpid(), "host": "0.0.0.0", "port": 9, "db": str(held),
+                                 "admin_token": None}))
     result = sql(held, "SELECT 1")
     assert result.exit_code == 1
     assert result.output.startswith("Error: cannot reach llmtap serve at http://127.0.0.1:9/_llmtap/sql:")

@@ -28,15 +28,25 @@ async def test_injected_key_replaces_the_clients(tmp_path: Path, monkeypatch: py
     async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
         config = proxy_config(None, tmp_path, routes={"/p": up.url}, route_key_env={"/p": "REAL_KEY"})  # type: ignore[arg-type]
         async with RunningProxy(config) as p:
+            client_key = p.state.client_key
+            assert client_key and client_key.startswith("sk-llmtap-")
             async with aiohttp.ClientSession() as s:
                 async with s.post(p.url + "/p" + path, data=b"{}",
                                   headers={"Authorization": "Bearer placeholder", "x-api-key": "placeholder"}) as r:
+                    assert r.status == 401  # not llmtap's client key: the real key is not spent
+                    assert "client key" in (await r.text())
+                assert up.received == []
+                sent_as = {"authorization": f"Bearer {client_key}", "x-api-key": client_key,
+                           "x-goog-api-key": client_key}[header]
+                async with s.post(p.url + "/p" + path, data=b"{}", headers={header: sent_as}) as r:
                     assert r.status == 200
-            row = rows(p)[0]
+            found = rows(p, "SELECT * FROM requests ORDER BY status")
     sent = {k.lower(): v for k, v in up.received[0].headers}
     assert sent[header] == value
-    assert "placeholder" not in str(up.received[0].headers)
-    assert row["key_fingerprint"] == secret_fingerprint(REAL)
+    assert client_key not in str(up.received[0].headers)
+    assert [r["status"] for r in found] == [200, 401]
+    assert found[1]["error_type"] == "invalid_client_key" and found[1]["route"] == ""
+    assert found[0]["key_fingerprint"] == secret_fingerprint(REAL)
 
 
 def test_missing_key_variable_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:

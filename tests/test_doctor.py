@@ -126,6 +126,6 @@ async def test_proxy_variable_pointing_at_llmtap_and_a_stale_state_file(sim: Sim
     assert "WARN  NO_PROXY: does not cover 127.0.0.1 and localhost" in out
     code, out, err = await llmtap("doctor", "--port", str(closed_port()), "--db", str(tmp_path / "d.duckdb"),
                                   env=clean_env(tmp_path))
-    assert f"WARN  llmtap serve: {paths.state_path()} names pid {os.getpid()} on port {proxy.port}, but no llmtap " \
+    assert f"WARN  llmtap serve: {paths.state_dir() / f'{proxy.port}.json'} names pid {os.getpid()} on port {proxy.port}, but no llmtap " \
            "answers there" in out
     assert code == 0, out

@@ -122,7 +122,7 @@ async def test_a_full_disk_costs_no_request_and_rows_land_when_space_returns(sim
                 await wait_for(lambda: p.store.stats()["write_errors"] >= 2, 5)
                 stats = p.store.stats()
                 assert stats["pending_requests"] == 50 and stats["requests_written"] == 20
-                async with s.get(p.url + "/_llmtap/health") as r:
+                async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
                     assert (await r.json())["store"]["write_errors"] >= 2
                 filler.unlink()
                 assert p.flush(15), p.store.stats()
@@ -286,7 +286,7 @@ async def test_a_database_file_removed_or_replaced_while_serving_gets_the_later_
                 os.replace(other, db)
             assert await chat(s, p.url, 4) == [200] * 4
             assert p.flush(5)
-            async with s.get(p.url + "/_llmtap/health") as r:
+            async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
                 health = await r.json()
             assert p.store.query("SELECT count(*) FROM requests")[2][0][0] == 4
             assert not [f for f in open_files(tmp_path) if "(deleted)" in f]

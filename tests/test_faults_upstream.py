@@ -46,7 +46,7 @@ async def post(url: str, path: str = CHAT, body: bytes = BODY) -> tuple[int, byt
 
 async def still_serving(p: RunningProxy) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.get(p.url + "/_llmtap/health") as r:
+        async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
             assert r.status == 200 and (await r.json())["ok"] is True
 
 
@@ -277,7 +277,7 @@ async def relay_bulk(tmp_path: Path, size: int) -> tuple[float, float]:
         serve = await Serve(up.url, tmp_path / "bulk.duckdb", "--quiet").started()
         try:
             async with aiohttp.ClientSession() as s:
-                await (await s.get(serve.base + "/_llmtap/health")).read()
+                await (await s.get(serve.base + "/_llmtap/health", headers=serve.admin.headers())).read()
                 before = reset_peak(serve.proc.pid)
                 got, t0 = 0, time.monotonic()
                 async with s.get(serve.base + "/v1/files/big/content") as r:
@@ -286,18 +286,18 @@ async def relay_bulk(tmp_path: Path, size: int) -> tuple[float, float]:
                         got += len(data)
                 took = time.monotonic() - t0
                 peak = peak_rss_mb(serve.proc.pid)
-                result = await poll_sql(s, serve.base, "SELECT outcome, response_bytes FROM requests")
+                result = await poll_sql(s, serve, "SELECT outcome, response_bytes FROM requests")
             assert got == size and result == [["ok", size]]
         finally:
             assert serve.stop() == 0, serve.output()
     return took, peak - before
 
 
-async def poll_sql(s: aiohttp.ClientSession, base: str, sql: str, within_s: float = 5.0) -> list:
+async def poll_sql(s: aiohttp.ClientSession, serve: Serve, sql: str, within_s: float = 5.0) -> list:
     """The query's rows once there are any (the store writes about every second)."""
     deadline = time.monotonic() + within_s
     while True:
-        async with s.post(base + "/_llmtap/sql", json={"sql": sql}) as q:
+        async with s.post(serve.admin.endpoint("sql"), json={"sql": sql}, headers=serve.admin.headers()) as q:
             result = (await q.json())["rows"]
         if result or time.monotonic() > deadline:
             return result

@@ -50,7 +50,7 @@ async def test_ticks_show_requests_in_flight_then_finished(proxy: RunningProxy) 
     finished: dict[str, dict] = {}
     stamps: list[float] = []
     async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.url + LIVE) as resp:
+        async with s.get(proxy.url + LIVE, headers=proxy.admin.headers()) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
             load = asyncio.gather(*(claude_stream(s, proxy.url, sid) for sid in sessions))
             async with asyncio.timeout(10):
@@ -84,8 +84,8 @@ async def test_ticks_show_requests_in_flight_then_finished(proxy: RunningProxy) 
 async def test_feed_exists_only_while_viewers_are_connected(proxy: RunningProxy) -> None:
     assert feeds(proxy) == []
     async with aiohttp.ClientSession() as s:
-        a = await s.get(proxy.url + LIVE)
-        b = await s.get(proxy.url + LIVE)
+        a = await s.get(proxy.url + LIVE, headers=proxy.admin.headers())
+        b = await s.get(proxy.url + LIVE, headers=proxy.admin.headers())
         await a.content.readline()
         await b.content.readline()
         [feed] = feeds(proxy)  # one feed, one ticker, for both viewers
@@ -133,7 +133,8 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_connect(sock, (p.config.host, p.port))
-            await loop.sock_sendall(sock, b"GET /_llmtap/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            await loop.sock_sendall(sock, b"GET /_llmtap/live HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   + f"X-Llmtap-Admin-Token: {p.admin_token}\r\n\r\n".encode())
             try:
                 assert (await loop.sock_recv(sock, 12)) == b"HTTP/1.1 200"  # then it reads no more
                 async with asyncio.timeout(15):
@@ -142,7 +143,7 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
                 viewer = next(iter(feed.viewers))
                 assert len(viewer.queue) <= VIEWER_QUEUE
                 async with asyncio.timeout(2):  # the proxy still answers while the viewer is stuck
-                    assert (await s.get(p.url + "/_llmtap/health")).status == 200
+                    assert (await s.get(p.url + "/_llmtap/health", headers=p.admin.headers())).status == 200
             finally:
                 sock.close()
                 for task in load:
@@ -171,7 +172,7 @@ async def test_stopping_the_proxy_ends_the_feed_without_waiting(sim: Simulator, 
     p = RunningProxy(proxy_config(sim.url, tmp_path))
     await p.__aenter__()
     async with aiohttp.ClientSession() as s:
-        resp = await s.get(p.url + LIVE)
+        resp = await s.get(p.url + LIVE, headers=p.admin.headers())
         await resp.content.readline()
         started = time.monotonic()
         await p.aclose()
@@ -183,7 +184,7 @@ async def test_stopping_the_proxy_ends_the_feed_without_waiting(sim: Simulator, 
 
 async def test_request_labels_are_parsed_once_and_forgotten(proxy: RunningProxy) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.get(proxy.url + LIVE) as resp:
+        async with s.get(proxy.url + LIVE, headers=proxy.admin.headers()) as resp:
             load = asyncio.create_task(claude_stream(s, proxy.url, "once", tokens=20, itl_ms=20))
             [feed] = feeds(proxy)
             async with asyncio.timeout(5):

@@ -82,7 +82,8 @@ async def test_no_file_llmtap_writes_holds_the_key(tmp_path: Path) -> None:
                             "--capture-bodies").started()
         try:
             await send_traffic(serve.base, serve.port)
-            state_while_serving = paths.state_path().read_bytes()
+            assert serve.state is not None
+            state_while_serving = serve.state.path.read_bytes()
         finally:
             assert serve.stop() == 0, serve.output()
     outputs = [

@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
-from proxy import paths
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
-from .faultkit import Serve, raw_exchange, status_of
+from .faultkit import JSON, RawConn, RawUpstream, Serve, body_of, http_head, raw_exchange, status_of
 from .upstreams import Script, ScriptedUpstream
 
 
@@ -50,17 +50,29 @@ def serve_cli(*args: str) -> subprocess.CompletedProcess:
                            *args], capture_output=True, text=True, timeout=30)
 
 
-def test_a_wider_address_needs_allow_remote_and_an_admin_token(tmp_path: Path) -> None:
+def test_a_wider_address_needs_allow_remote(tmp_path: Path) -> None:
     refused = serve_cli("--host", "0.0.0.0", "--db", str(tmp_path / "a.duckdb"))
     assert refused.returncode == 1 and "--allow-remote" in refused.stderr and "Traceback" not in refused.stderr
-    no_token = serve_cli("--host", "0.0.0.0", "--allow-remote", "--db", str(tmp_path / "b.duckdb"))
-    assert no_token.returncode == 1 and "needs --admin-token" in no_token.stderr
-    assert not (tmp_path / "a.duckdb").exists() and not (tmp_path / "b.duckdb").exists()
+    assert not (tmp_path / "a.duckdb").exists()
+
+
+def test_the_admin_token_is_never_taken_from_the_command_line(tmp_path: Path) -> None:
+    """`ps` shows every user a command line: the token comes from a file or the environment."""
+    given = serve_cli("--admin-token", "visible-to-all", "--db", str(tmp_path / "a.duckdb"))
+    assert given.returncode == 2 and "No such option" in given.stderr
+    loose = tmp_path / "token"
+    loose.write_text("t0ken\n")
+    loose.chmod(0o644)
+    wide = serve_cli("--admin-token-file", str(loose), "--db", str(tmp_path / "b.duckdb"))
+    assert wide.returncode == 1 and "readable by other users" in wide.stderr and "t0ken" not in wide.stderr
 
 
 async def test_allow_remote_with_a_token_starts_and_warns(tmp_path: Path) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("t0ken-for-the-test\n")
+    token_file.chmod(0o600)
     serve = await Serve(None, tmp_path / "r.duckdb", "--upstream", "http://127.0.0.1:9", "--host", "0.0.0.0",
-                        "--allow-remote", "--admin-token", "t0ken-for-the-test").started()
+                        "--allow-remote", "--admin-token-file", str(token_file)).started()
     try:
         assert await get_from("127.0.0.1", serve.port, "/_llmtap/health") == 403
         token = {"X-Llmtap-Admin-Token": "t0ken-for-the-test"}
@@ -76,7 +88,7 @@ async def test_binds_loopback_by_default(tmp_path: Path) -> None:
     serve = await Serve("http://127.0.0.1:9", tmp_path / "l.duckdb").started()
     try:
         assert serve.base.startswith("http://127.0.0.1:")
-        assert await get_from("127.0.0.1", serve.port, "/_llmtap/health") == 200
+        assert await get_from("127.0.0.1", serve.port, "/_llmtap/health", serve.admin.headers()) == 200
         with pytest.raises(aiohttp.ClientConnectorError):
             await get_from(OWN, serve.port, "/_llmtap/health")  # type: ignore[arg-type]
     finally:
@@ -91,8 +103,8 @@ async def test_binds_loopback_by_default(tmp_path: Path) -> None:
 async def test_admin_answers_loopback_peers_only_even_when_bound_wider(tmp_path: Path) -> None:
     """Without --allow-remote (RunningProxy skips the CLI's bind check), remote peers never get in."""
     async with RunningProxy(proxy_config("http://127.0.0.1:9", tmp_path, host="0.0.0.0")) as p:
-        assert await get_from("127.0.0.1", p.port, "/_llmtap/health") == 200
-        assert await get_from(OWN, p.port, "/_llmtap/health", source=OWN) == 403  # type: ignore[arg-type]
+        assert await get_from("127.0.0.1", p.port, "/_llmtap/health", p.admin.headers()) == 200
+        assert await get_from(OWN, p.port, "/_llmtap/health", p.admin.headers(), source=OWN) == 403  # type: ignore[arg-type]
     async with RunningProxy(proxy_config("http://127.0.0.1:9", tmp_path, host="0.0.0.0", admin_token="tok")) as p:
         assert await get_from(OWN, p.port, "/_llmtap/health", {"Authorization": "Bearer tok"}, OWN) == 403  # type: ignore[arg-type]
         assert await get_from("127.0.0.1", p.port, "/_llmtap/health", {"Authorization": "Bearer tok"}) == 200
@@ -111,16 +123,19 @@ async def test_with_allow_remote_remote_peers_need_the_token(tmp_path: Path) -> 
 @pytest.mark.parametrize("headers,status", [
     ({}, 200),
     ({"Host": "localhost:1234"}, 200),
-    ({"Origin": "http://localhost:3000"}, 200),
+    ({"Origin": "http://localhost:3000"}, 403),  # a page: never the admin endpoint
     ({"Host": "attacker.example:8787"}, 403),  # DNS rebinding: the page's own name, resolved to 127.0.0.1
     ({"Origin": "https://attacker.example"}, 403),  # a page elsewhere posting to 127.0.0.1
     ({"Origin": "null"}, 403),
 ])
-async def test_admin_without_a_token_refuses_browsers_of_other_sites(tmp_path: Path, headers: dict, status: int) -> None:
+async def test_admin_refuses_browsers_even_with_the_token(tmp_path: Path, headers: dict, status: int) -> None:
     async with RunningProxy(proxy_config("http://127.0.0.1:9", tmp_path)) as p:
         async with aiohttp.ClientSession() as s:
-            async with s.post(p.url + "/_llmtap/sql", json={"sql": "SELECT 1"}, headers=headers) as r:
+            async with s.post(p.url + "/_llmtap/sql", json={"sql": "SELECT 1"},
+                              headers={**p.admin.headers(), **headers}) as r:
                 assert r.status == status
+            async with s.post(p.url + "/_llmtap/sql", json={"sql": "SELECT 1"}) as r:
+                assert r.status == 403  # no token, no admin
 
 
 # -- never an open proxy ---------------------------------------------------------------------------------
@@ -184,10 +199,107 @@ async def test_files_are_private_when_created_by_serve(tmp_path: Path) -> None:
                         break
                     await asyncio.sleep(0.05)
                 assert stat.S_IMODE(wal.stat().st_mode) == 0o600
-                assert stat.S_IMODE(paths.state_path().stat().st_mode) == 0o600
+                assert serve.state is not None
+                assert stat.S_IMODE(serve.state.path.stat().st_mode) == 0o600
+                assert stat.S_IMODE(serve.state.path.parent.stat().st_mode) == 0o700
             finally:
                 assert serve.stop() == 0
     finally:
         os.umask(old)
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
     assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+
+
+# -- log lines -------------------------------------------------------------------------------------------------
+
+
+async def test_log_lines_show_control_characters_escaped(tmp_path: Path) -> None:
+    """A model name, a tag and an upstream's error message with CR, LF, ESC, NUL and C1 controls: every
+    request's stderr line is one line, with the controls shown as escapes, never sent to the terminal."""
+    error = orjson.dumps({"error": {"type": "invalid_request_error",
+                                    "message": "no model\r\nllmtap: GET /v1/forged  200  ok\x1b]0;owned\x07"}})
+    async with ScriptedUpstream(Script(status=400, headers=[("Content-Type", "application/json")],
+                                       chunks=[error])) as up:
+        lines: list[str] = []
+        async with RunningProxy(proxy_config(up.url, tmp_path, quiet=False), report=lines.append) as p:
+            model = "m\r\nllmtap: POST /v1/forged  200  ok\x1b[2J\x00\x85"
+            body = orjson.dumps({"model": model, "messages": []})  # JSON-escaped on the wire
+            for target, tag in (("/v1/chat/completions", "t\x85\x9b2J"), ("/_tag/t%1b%5b2J%0d%0a/v1/chat/completions", "")):
+                head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode()
+                if tag:
+                    head += b"X-Llmtap-Tag: " + tag.encode() + b"\r\n"
+                response = await raw_exchange(p.port, head + b"\r\n" + body, timeout=3)
+                assert status_of(response) == 400, response[:300]
+            found = rows(p, "SELECT request_model, tag, error_message FROM requests ORDER BY started_at")
+    assert [r["request_model"] for r in found] == [model, model]  # the row keeps what was sent
+    assert [r["tag"] for r in found] == ["t\x85\x9b2J", "t\x1b[2J\r\n"]  # (aiohttp refuses C0 controls in headers)
+    logged = [line for line in lines if line.startswith("llmtap: POST")]
+    assert len(logged) == 2, lines
+    for line in logged:
+        assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in line), repr(line)
+        assert "m\\r\\nllmtap: POST /v1/forged  200  ok\\x1b[2J\\x00\\x85" in line, line
+        assert "error: no model\\r\\nllmtap: GET /v1/forged  200  ok\\x1b]0;owned\\x07" in line, line
+
+
+# -- every path leaves a row; no `..` however encoded ----------------------------------------------------------
+
+
+async def answer_ok(conn: RawConn) -> None:
+    await conn.read_request()
+    await conn.send(http_head(200, {**JSON, "Connection": "close"}, length=2) + b"{}")
+
+
+async def test_every_path_leaves_a_row_whatever_its_bytes(tmp_path: Path) -> None:
+    """Encoded line breaks, CR and NUL in a path: relayed as sent (still encoded) or refused in the
+    API's error shape, never aiohttp's own plain-text 404; a row each way."""
+    async with RawUpstream(answer_ok) as up:
+        config = proxy_config(None, tmp_path, routes={"/api": up.url + "/base"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            cases = {"/api/v1/a%0ab": 200, "/api/v1/a%0Db%0A": 200, "/api/v1/a%0d%0aX-Injected:%20yes": 200,
+                     "/api/v1/a%00b": 400, "/nowhere%0a": 404}
+            for target, status in cases.items():
+                response = await raw_exchange(p.port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                              .encode(), timeout=3)
+                assert status_of(response) == status, (target, response[:300])
+                if status != 200:
+                    assert orjson.loads(body_of(response))["error"]["code"] in ("bad_path", "no_route"), response
+            found = rows(p, "SELECT path, status, error_type FROM requests")
+    assert sorted((r["path"], r["status"]) for r in found) == sorted(cases.items())
+    assert {r["path"]: r["error_type"] for r in found if r["status"] != 200} == {
+        "/api/v1/a%00b": "bad_path", "/nowhere%0a": "no_route"}
+    assert [r.split(b"\r\n", 1)[0] for r in up.requests] == [
+        b"GET /base/v1/a%0ab HTTP/1.1", b"GET /base/v1/a%0Db%0A HTTP/1.1", b"GET /base/v1/a%0d%0aX-Injected:%20yes HTTP/1.1"]
+    assert not any(b"\r\nX-Injected" in r for r in up.requests)
+
+
+CLIMBS = [
+    "/api/..;/admin", "/api/v1/..;jsessionid=1/admin", "/api/%2e%2e;/admin", "/api/..%3b/admin",
+    "/api/.%2e/admin", "/api/%2e./admin", "/api/%2E%2e/admin", "/api/..%2fadmin", "/api/..%5cadmin", "/api/..\\admin",
+    "/api/%252e%252e/admin", "/api/%25252e%25252e/admin", "/api/%25u002e%25u002e/admin",
+    "/api/%c0%ae%c0%ae/admin", "/api/%C0%AE./admin", "/api/%e0%80%ae%e0%80%ae/admin", "/api/%f0%80%80%ae%f0%80%80%ae/admin",
+    "/api/..%c0%afadmin", "/api/..%e0%80%afadmin", "/api/%u002e%u002e/admin", "/api/%U002E./admin",
+    "/api/.%00./admin", "/api/..%00/admin", "/api/v1/models%00.json",
+]
+
+
+async def test_no_encoding_of_a_dot_dot_segment_reaches_the_upstream(tmp_path: Path) -> None:
+    """Each way to spell `..` that some server decodes (Tomcat's `..;`, IIS's `%u002e`, overlong UTF-8,
+    mixed and repeated percent-encoding, backslashes; a NUL byte): a 400 in the API's shape, a row."""
+    async with RawUpstream(answer_ok) as up:
+        config = proxy_config(None, tmp_path, routes={"/api": up.url + "/base"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            for target in CLIMBS:
+                response = await raw_exchange(p.port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                              .encode(), timeout=3)
+                assert status_of(response) == 400, (target, response[:300])
+                error = orjson.loads(body_of(response))["error"]
+                assert error["code"] == "bad_path" and "'..' segment" in error["message"], (target, error)
+            for target in ("/api/v1/models/gpt-4.1", "/api/v1/a%20b.json", "/api/v1/.well/..x/%2e/a..b"):
+                response = await raw_exchange(p.port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                              .encode(), timeout=3)
+                assert status_of(response) == 200, (target, response[:300])
+            found = rows(p, "SELECT path, status, error_type FROM requests WHERE status = 400")
+    assert sorted(r["path"] for r in found) == sorted(CLIMBS)
+    assert {(r["status"], r["error_type"]) for r in found} == {(400, "bad_path")}
+    assert len(up.requests) == 3  # only the ordinary paths

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -14,25 +13,20 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from proxy import paths
+from proxy import paths, running
 from proxy.simulator.app import Simulator
 
 KEY = "sk-live-DO-NOT-STORE-4f9a8b7c6d5e"
 
 
-async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.Popen, running.AdminClient]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream, "--db", str(db), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = paths.state_path()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        if state.exists():
-            try:
-                info = json.loads(state.read_text())
-                return proc, f"http://{info['host']}:{info['port']}"
-            except ValueError:
-                pass
+        if (state := running.state_of(proc.pid)) is not None:
+            return proc, running.AdminClient(state.url, state.admin_token)
         if proc.poll() is not None:
             raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
         await asyncio.sleep(0.05)
@@ -48,18 +42,20 @@ async def stream_once(s: aiohttp.ClientSession, base: str) -> None:
 
 async def test_sigterm_flushes_and_queries_work_while_serving(sim: Simulator, tmp_path: Path) -> None:
     db = tmp_path / "serve.duckdb"
-    proc, base = await start_serve(sim.url, db, "--quiet")
+    proc, admin = await start_serve(sim.url, db, "--quiet")
+    base = admin.url
     try:
         async with aiohttp.ClientSession() as s:
             load = [asyncio.create_task(stream_once(s, base)) for _ in range(40)]
             counts = []
             for _ in range(5):  # queries through the admin endpoint while the streams run
-                async with s.post(base + "/_llmtap/sql", json={"sql": "SELECT count(*) FROM requests"}) as r:
+                async with s.post(base + "/_llmtap/sql", json={"sql": "SELECT count(*) FROM requests"},
+                                  headers=admin.headers()) as r:
                     assert r.status == 200, await r.text()
                     counts.append((await r.json())["rows"][0][0])
                 await asyncio.sleep(0.05)
             await asyncio.gather(*load)
-            async with s.post(base + "/_llmtap/sql", json={"sql": "DROP TABLE requests"}) as r:
+            async with s.post(base + "/_llmtap/sql", json={"sql": "DROP TABLE requests"}, headers=admin.headers()) as r:
                 assert r.status == 400
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -69,7 +65,7 @@ async def test_sigterm_flushes_and_queries_work_while_serving(sim: Simulator, tm
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*), count(DISTINCT key_fingerprint) FROM requests").fetchone() == (40, 1)
     con.close()
-    assert not paths.state_path().exists()
+    assert not list(paths.state_dir().glob("*.json"))
     written = [p for p in tmp_path.rglob("*") if p.is_file()] + [p for p in paths.data_dir().rglob("*") if p.is_file()]
     for path in written:
         assert KEY.encode() not in path.read_bytes(), path
@@ -92,7 +88,7 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         await asyncio.sleep(0.2)
         async with aiohttp.ClientSession() as s:
-            async with s.get(p.url + "/_llmtap/health") as r:
+            async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
                 health = await r.json()
     assert health["ok"] is True and health["store"]["requests_written"] == 0
     assert health["event_loop_lag"]["p99_ms"] is not None and health["event_loop_lag"]["p99_ms"] < 50

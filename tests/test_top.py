@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import select
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+from proxy import running
 import pytest
 from click.testing import CliRunner
 
@@ -165,12 +165,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                   "--db", str(root / "top.duckdb")], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env)
         procs.append(serve)
-        state = root / "home" / "serve.json"
         deadline = time.monotonic() + 15
-        while not state.exists() and time.monotonic() < deadline:
+        while (state := running.state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        info = json.loads(state.read_text())
-        yield {"url": f"http://127.0.0.1:{info['port']}", "home": env["LLMTAP_HOME"], "root": str(root)}
+        assert state is not None, "serve did not start"
+        yield {"url": state.url, "home": env["LLMTAP_HOME"], "root": str(root), "token": state.admin_token or ""}
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -300,12 +299,13 @@ async def test_ctrl_c_quits_cleanly_too(stack: dict[str, str], tmux: Tmux) -> No
     assert (await tmux.flags()) == "0 1"
 
 
-async def recorded(s: aiohttp.ClientSession, base: str, session: str) -> None:
+async def recorded(s: aiohttp.ClientSession, stack: dict[str, str], session: str) -> None:
     """Wait until the proxy's store has written a row of `session` (it flushes every second)."""
     sql = {"sql": f"SELECT count(*) FROM requests WHERE session_id = '{session}'"}
+    admin = running.AdminClient(stack["url"], stack["token"])
     async with asyncio.timeout(5):
         while True:
-            async with s.post(base + "/_llmtap/sql", json=sql) as r:
+            async with s.post(admin.endpoint("sql"), json=sql, headers=admin.headers()) as r:
                 if (await r.json())["rows"][0][0]:
                     return
             await asyncio.sleep(0.1)
@@ -315,7 +315,7 @@ async def test_once_prints_one_plain_frame(stack: dict[str, str]) -> None:
     async with aiohttp.ClientSession() as s:
         await request(s, stack["url"], "once-session", tokens=3, ttft_ms=10)
         slow = asyncio.create_task(request(s, stack["url"], "once-session", tokens=100, ttft_ms=100))
-        await recorded(s, stack["url"], "once-session")
+        await recorded(s, stack, "once-session")
         proc = await asyncio.create_subprocess_exec(
             PY, "-m", "analysis.top", "--once", env={**os.environ, "LLMTAP_HOME": stack["home"],
                                                      "COLUMNS": "80", "LINES": "24"},

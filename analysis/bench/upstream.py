@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from analysis.filters import sql_string
-from proxy import paths
-from proxy.admin import TOKEN_HEADER
+from proxy import running
 from proxy.config import ServeConfig
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
@@ -71,25 +68,15 @@ class Setup:
         return None
 
 
-async def find_serving(timeout_s: float = 2.0) -> ServingProxy | None:
-    """The running `llmtap serve`, if its state file names one that answers."""
-    try:
-        state: dict[str, Any] = json.loads(paths.state_path().read_text())
-        host, port = str(state["host"]), int(state["port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    serving = ServingProxy(url, state.get("db"), state.get("admin_token"))
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(url + "/_llmtap/health", headers=_admin_headers(serving)) as resp:
-                return serving if resp.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return None
+async def find_serving(db: Path | None = None, timeout_s: float = 2.0) -> ServingProxy | None:
+    """The running `llmtap serve` (the one recording to `db`, if given) that answers its health check."""
+    loop = asyncio.get_running_loop()
+    live = await loop.run_in_executor(None, lambda: running.find_running(db, timeout_s))
+    return ServingProxy(live.url, live.db, live.admin_token) if live is not None else None
 
 
 def _admin_headers(serving: ServingProxy) -> dict[str, str]:
-    return {TOKEN_HEADER: serving.admin_token} if serving.admin_token else {}
+    return running.AdminClient(serving.url, serving.admin_token).headers()
 
 
 async def _poll_serving(serving: ServingProxy, sql: str, expected: int) -> list[tuple[str, str, int]] | None:
@@ -127,10 +114,6 @@ def _origin(base_url: str) -> str:
     return str(URL(base_url).origin())
 
 
-def _same_file(recorded: str | None, wanted: Path) -> bool:
-    return recorded is not None and Path(recorded).expanduser().resolve() == wanted.expanduser().resolve()
-
-
 def _through(proxy_url: str, route: str, base_url: str) -> str:
     prefix = "/" + route.strip("/") if route.strip("/") else ""
     return proxy_url + prefix + URL(base_url).raw_path.rstrip("/")
@@ -142,8 +125,8 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
     """Start what the run needs (see the module docstring) and stop it afterwards."""
     if base_url is not None:
         check_base_url(base_url)
-    serving = None if direct else await find_serving()
-    if serving is not None and (db is None or _same_file(serving.db, db)):
+    serving = None if direct else await find_serving(db)
+    if serving is not None:
         base = _through(serving.url, proxy_route, base_url or _api_base(api, serving.url))
         route = f"route {proxy_route}" if proxy_route.strip("/") else "default route"
         yield Setup(base, f"the running proxy at {serving.url} ({route})",

@@ -8,22 +8,17 @@ endpoint for the rows of the window, so the percentiles do not start empty.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from proxy import paths
+from proxy import paths, running
 from proxy.live import FINISHED_FIELDS
+from proxy.running import AdminClient
 from proxy.sse import SSEParser
 
-from ..source import _connect_host
-
-TOKEN_HEADER = "X-Llmtap-Admin-Token"
 LIVE_PATH = "/_llmtap/live"
 SQL_PATH = "/_llmtap/sql"
 SILENCE_S = 5.0  # the proxy ticks every 250 ms: this much silence means it is gone
@@ -34,33 +29,16 @@ class FeedError(Exception):
     """The proxy cannot be found or refused the feed; the message is for the user."""
 
 
-@dataclass(frozen=True)
-class Proxy:
-    url: str  # base URL, no trailing slash
-    token: str | None = None
-
-    def headers(self) -> dict[str, str]:
-        return {TOKEN_HEADER: self.token} if self.token else {}
-
-
-def _serve_state() -> dict[str, Any] | None:
-    try:
-        state = json.loads(paths.state_path().read_text())
-        return state if isinstance(state, dict) else None
-    except (OSError, ValueError):
-        return None
+Proxy = AdminClient  # the proxy the feed comes from: its URL and admin token
 
 
 def find_proxy(url: str | None, token: str | None = None) -> Proxy:
     """`url` (with the running proxy's token when it is that proxy), else the running `llmtap serve`."""
-    state = _serve_state()
-    if url:
-        same = state is not None and urlsplit(url).port == state.get("port")
-        return Proxy(url.rstrip("/"), token or (state.get("admin_token") if same and state else None))
-    if state is None or "port" not in state:
-        raise FeedError(f"no running `llmtap serve` found ({paths.state_path()} is missing): "
+    client = running.find_client(url, token)
+    if client is None:
+        raise FeedError(f"no running `llmtap serve` found (no state file in {paths.state_dir()}): "
                         "start one, or pass --url")
-    return Proxy(f"http://{_connect_host(state.get('host'))}:{state['port']}", token or state.get("admin_token"))
+    return client
 
 
 async def ticks(session: aiohttp.ClientSession, proxy: Proxy) -> AsyncIterator[dict[str, Any]]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import duckdb
 
-from .. import paths
 from ..config import ServeConfig
 from .check import Check, fail, ok, warn
-from .endpoint import LiveProxy, connect_host, health, read_state
+from .. import running
+from .endpoint import LiveProxy
 from proxy import duck
 
 
@@ -20,11 +20,12 @@ def running_proxy(live: LiveProxy | None) -> Check:
     if live is not None:
         where = f", recording to {live.db}" if live.db else ", not recording"
         return ok("llmtap serve", f"running at {live.url} (pid {live.pid}){where}")
-    state = read_state()
-    if state:
-        return warn("llmtap serve", f"{paths.state_path()} names pid {state.get('pid')} on port {state.get('port')}, "
+    stale = running.stale_states() or running.states()  # dead, or alive but not answering
+    if stale:
+        state = stale[0]
+        return warn("llmtap serve", f"{state.path} names pid {state.pid} on port {state.port}, "
                     "but no llmtap answers there (it crashed or was killed)",
-                    f"start it again, or remove {paths.state_path()}")
+                    f"start it again, or remove {state.path}")
     return ok("llmtap serve", "not running (start it with llmtap serve, or use llmtap run -- COMMAND)")
 
 
@@ -39,7 +40,8 @@ def port(config: ServeConfig, live: LiveProxy | None) -> Check:
             sock.bind((config.host, config.port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            if health(f"http://{connect_host(config.host)}:{config.port}", config.admin_token) is not None:
+            client = running.find_client(f"http://{running.connect_host(config.host)}:{config.port}")
+            if client is not None and client.health() is not None:
                 return ok(subject, "used by an llmtap proxy (its state file is elsewhere: another LLMTAP_HOME?)")
             return fail(subject, "in use by another process",
                         f"stop it, or use another port: llmtap serve --port {config.port + 1}, then\n"

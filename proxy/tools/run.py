@@ -31,7 +31,7 @@ from typing import Any, Callable
 from .. import config as cfg
 from . import summary
 from .background import BackgroundProxy
-from .endpoint import BaseUrls, LiveProxy, base_urls, find_running, health
+from .endpoint import BaseUrls, LiveProxy, base_urls, find_running
 from .toml_edit import toml_string
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
@@ -149,7 +149,7 @@ def settle(live: LiveProxy, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     last_seen = None
     while time.monotonic() < deadline:
-        answer = health(live.url, live.admin_token, timeout=2.0) or {}
+        answer = live.client.health(timeout=2.0) or {}
         store = answer.get("store") or {}
         seen = answer.get("requests_seen")
         if store.get("pending_requests", 0) == 0 and seen == last_seen:
@@ -195,7 +195,7 @@ def execute(command: list[str], *, tag: str | None = None, upstream: str | None 
         if url_tag is None:
             report("llmtap run: the running proxy does not take /_tag/ URLs; its rows will not be tagged")
         urls = base_urls(live.url, live.prefixes, url_tag)
-        return _launch(command, env, urls, tag, report, query=summary.Query(live.db, live.url, live.admin_token),
+        return _launch(command, env, urls, tag, report, query=summary.Query(live.db, live.client),
                        after=lambda: settle(live), tagged=url_tag is not None)
     config = own_config(config_path, upstream, db, port, tag, verbose)
     try:

@@ -7,15 +7,12 @@ proxy's admin endpoint POST /_llmtap/sql.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .endpoint import TOKEN_HEADER
+from ..running import AdminClient, AdminError
 
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 
@@ -73,8 +70,8 @@ class Totals:
 class Query:
     """Runs read-only SQL on the run's database, however it is reachable."""
 
-    def __init__(self, db: str | Path | None, admin_url: str | None = None, token: str | None = None) -> None:
-        self.db, self.admin_url, self.token = db, admin_url, token
+    def __init__(self, db: str | Path | None, admin: AdminClient | None = None) -> None:
+        self.db, self.admin = db, admin
 
     def __call__(self, sql: str) -> Result:
         try:
@@ -86,7 +83,7 @@ class Query:
         try:
             source = open_source(self.db)
         except SourceError as exc:
-            if self.admin_url:
+            if self.admin is not None:
                 return self._over_http(sql)
             raise SummaryError(str(exc)) from None
         try:
@@ -97,18 +94,12 @@ class Query:
             source.close()
 
     def _over_http(self, sql: str) -> Result:
-        if not self.admin_url:
+        if self.admin is None:
             raise SummaryError("no database to query")
-        headers = {"Content-Type": "application/json", **({TOKEN_HEADER: self.token} if self.token else {})}
-        request = urllib.request.Request(self.admin_url + "/_llmtap/sql", data=json.dumps({"sql": sql}).encode(),
-                                         headers=headers, method="POST")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(request, timeout=60) as response:
-                answer = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise SummaryError(f"cannot query the proxy at {self.admin_url}: {exc}") from None
-        return answer["columns"], answer["types"], [tuple(r) for r in answer["rows"]]
+            return self.admin.sql(sql, timeout=60)[0]
+        except AdminError as exc:
+            raise SummaryError(f"cannot query the proxy at {self.admin.url}: {exc}") from None
 
 
 def totals(query: Query, where: str) -> Totals:
