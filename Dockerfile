@@ -11,7 +11,7 @@ USER llmtap
 ENV LLMTAP_HOME=/data
 VOLUME /data
 EXPOSE 8787
-# The admin endpoint asks loopback peers for the token too once one is set: send it when there is one.
+# The admin endpoint always asks for its token: $LLMTAP_ADMIN_TOKEN (docker-compose.yml sets it).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 CMD ["python", "-c", "import os, urllib.request as u; t = os.environ.get('LLMTAP_ADMIN_TOKEN'); u.build_opener(u.ProxyHandler({})).open(u.Request('http://127.0.0.1:8787/_llmtap/health', headers={'X-Llmtap-Admin-Token': t} if t else {}), timeout=4)"]
 ENTRYPOINT ["llmtap"]
 CMD ["serve", "--host", "0.0.0.0", "--allow-remote"]
