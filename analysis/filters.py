@@ -1,4 +1,4 @@
-"""Which requests a command looks at: a time window and tag/model/tool filters.
+"""Which requests a command looks at: a time window and tag/model/tool/kind filters.
 
 Commands pass SQL text to a `Source` (which may be the running proxy's HTTP
 endpoint, so there are no bound parameters): every value is quoted here.
@@ -32,6 +32,7 @@ class Filters:
     tags: tuple[str, ...] = ()
     models: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()  # request kinds (proxy/request_kind.py); () is every kind
 
     def where(self, prefix: str = "") -> str:
         """A WHERE condition over the `requests` view (`prefix` is a table alias with its dot)."""
@@ -40,7 +41,8 @@ class Filters:
             terms.append(f"{prefix}started_at >= {sql_timestamp(self.since)}")
         if self.until is not None:
             terms.append(f"{prefix}started_at < {sql_timestamp(self.until)}")
-        for column, values in (("tag", self.tags), ("request_model", self.models), ("tool", self.tools)):
+        for column, values in (("tag", self.tags), ("request_model", self.models), ("tool", self.tools),
+                               ("kind", self.kinds)):
             if values:
                 terms.append(f"{prefix}{column} IN ({', '.join(sql_string(v) for v in values)})")
         return " AND ".join(terms) or "TRUE"

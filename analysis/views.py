@@ -10,7 +10,12 @@ are replaced each time, so calling it twice is harmless):
   - `decode_tokens_per_s`: 1000 / tpot_ms
   - `cache_read_share`: cache_read_tokens / input_tokens
 - `errors`: the rows of `requests` whose outcome is not 'ok'.
-- `hourly`, `daily`: one row per UTC hour / day with `ROLLUP_METRICS`.
+- `hourly`, `daily`: one row per UTC hour / day with `ROLLUP_METRICS`, over
+  generations (`kind = 'generation'`: token counts, probes, model lists and
+  prewarms take a few milliseconds and would pull the percentiles down).
+
+Rows recorded before the `kind` column (an older database or export) get the
+kind their method and path say (`proxy.request_kind.path_kind_sql`).
 
 Why the view is named `requests`, like the table: DuckDB looks a name up in
 the temp schema before `main`, so the view shadows the table and users write
@@ -31,7 +36,10 @@ over streamed rows); failures show up in `error_pct` instead.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
+
+from proxy.request_kind import path_kind_sql
 
 DERIVED_COLUMNS = ("error", "day", "hour", "decode_tokens_per_s", "cache_read_share")
 
@@ -68,11 +76,25 @@ ROLLUP_METRICS: tuple[str, ...] = tuple(term.rsplit(" AS ", 1)[1] for term in RO
 ROLLUP_SQL = ",\n  ".join(ROLLUP_TERMS)
 
 
-def views_sql(catalog: str) -> str:
-    table = '"' + catalog.replace('"', '""') + '".main.requests'
+def _table(catalog: str) -> str:
+    return '"' + catalog.replace('"', '""') + '".main.requests'
+
+
+def table_columns(con: Any, catalog: str) -> list[str]:
+    """The columns of `catalog`'s `requests` table (or view)."""
+    return [d[0] for d in con.execute(f"SELECT * FROM {_table(catalog)} LIMIT 0").description]
+
+
+def views_sql(catalog: str, columns: Collection[str] | None = None) -> str:
+    """`columns`: the table's, when it may lack `kind` (None: it has every column of schema.py)."""
+    table = _table(catalog)
+    if columns is not None and "kind" not in columns:
+        star = f"*, {path_kind_sql()} AS kind"
+    else:
+        star = f"* REPLACE (coalesce(kind, {path_kind_sql()}) AS kind)"
     return f"""
 CREATE OR REPLACE TEMP VIEW requests AS
-SELECT *,
+SELECT {star},
   outcome IS DISTINCT FROM 'ok' AS error,
   CAST(started_at AT TIME ZONE 'UTC' AS DATE) AS day,
   date_trunc('hour', started_at AT TIME ZONE 'UTC') AS hour,
@@ -83,11 +105,11 @@ CREATE OR REPLACE TEMP VIEW errors AS SELECT * FROM requests WHERE error;
 CREATE OR REPLACE TEMP VIEW hourly AS
 SELECT hour,
   {ROLLUP_SQL}
-FROM requests GROUP BY hour ORDER BY hour;
+FROM requests WHERE kind = 'generation' GROUP BY hour ORDER BY hour;
 CREATE OR REPLACE TEMP VIEW daily AS
 SELECT day,
   {ROLLUP_SQL}
-FROM requests GROUP BY day ORDER BY day;
+FROM requests WHERE kind = 'generation' GROUP BY day ORDER BY day;
 """
 
 
@@ -98,7 +120,8 @@ def create_views(con: Any) -> None:
     in UTC like the views' `day` and `hour`, whatever the machine's zone.
     Creates nothing when the database has no `requests` table yet.
     """
-    con.execute("SET TimeZone = 'UTC'")
+    if con.execute("SELECT current_setting('TimeZone')").fetchone()[0] != "UTC":  # set already where locked
+        con.execute("SET TimeZone = 'UTC'")
     catalog = con.execute("SELECT current_database()").fetchone()[0]
     found = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'"
@@ -106,4 +129,4 @@ def create_views(con: Any) -> None:
         [catalog],
     ).fetchone()[0]
     if found:
-        con.execute(views_sql(catalog))
+        con.execute(views_sql(catalog, table_columns(con, catalog)))

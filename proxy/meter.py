@@ -306,7 +306,7 @@ class Meter:
             "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
             "session_id": info.session_id,
             "request_model": info.request_model,
-            "stream": info.stream if info.stream is not None else (self.is_stream or None),
+            "stream": True if self.is_stream else info.stream,  # what the wire did (SSE, WebSocket), else what was asked
             "max_tokens": info.max_tokens,
             "message_count": info.message_count,
             "request_bytes": self.request_bytes,
@@ -340,6 +340,7 @@ class Meter:
             "cache_creation_tokens": u.cache_creation_tokens,
             "reasoning_tokens": u.reasoning_tokens,
             "tokens_source": source,
+            "kind": info.kind,
         }
         return row, self._chunk_rows()
 

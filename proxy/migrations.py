@@ -135,3 +135,30 @@ def m002_bodies(con: duckdb.DuckDBPyConnection) -> None:
         )
         """
     )
+
+
+@migration
+def m003_request_kind(con: duckdb.DuckDBPyConnection) -> None:
+    """`kind`, and for the rows recorded before it, the kind their method and path say; WebSocket
+    responses (status 101, their events timed) were streams though their frame has no `stream`."""
+    con.execute("ALTER TABLE requests ADD COLUMN kind VARCHAR")
+    p = "lower(rtrim(replace(replace(split_part(path, '?', 1), '%3A', ':'), '%3a', ':'), '/'))"
+    con.execute(
+        f"""
+        UPDATE requests SET kind = CASE
+            WHEN upper(method) IN ('HEAD', 'OPTIONS') THEN 'probe'
+            WHEN ends_with({p}, '/messages/count_tokens') OR ends_with({p}, '/responses/input_tokens')
+                OR ends_with({p}, ':counttokens') THEN 'token_count'
+            WHEN ends_with({p}, '/embeddings') OR ends_with({p}, ':embedcontent')
+                OR ends_with({p}, ':batchembedcontents') THEN 'embedding'
+            WHEN upper(method) = 'GET' AND (ends_with({p}, '/models') OR regexp_matches({p}, '/models/[^/:]+$'))
+                THEN 'model_list'
+            WHEN upper(method) = 'GET' AND {p} = '' THEN 'probe'
+            WHEN upper(method) = 'GET' AND status = 101 AND ends_with({p}, '/responses') THEN 'generation'
+            WHEN upper(method) = 'POST' AND (ends_with({p}, '/completions') OR ends_with({p}, '/messages')
+                OR ends_with({p}, '/responses') OR ends_with({p}, ':generatecontent')
+                OR ends_with({p}, ':streamgeneratecontent')) THEN 'generation'
+            ELSE 'other' END
+        """
+    )
+    con.execute("UPDATE requests SET stream = true WHERE status = 101 AND output_events > 0")

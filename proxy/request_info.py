@@ -1,4 +1,4 @@
-"""What a request asked for: model, streaming, limits, size, session.
+"""What a request asked for: model, streaming, limits, size, session, and what it is (its kind).
 
 Read from a copy of the request body (decoded if the client compressed it:
 Codex sends zstd bodies) and never raising: a body that should be JSON and is
@@ -19,6 +19,7 @@ from proxy.dialects.base import Dialect
 from proxy.dialects.detect import detect_dialect
 from proxy.dialects.gemini import Gemini
 from proxy.headers import header_getter
+from proxy.request_kind import request_kind
 
 MAX_DECODED_BYTES = 64 * 1024 * 1024
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
@@ -40,6 +41,7 @@ class RequestInfo:
     message_count: int | None = None
     session_id: str | None = None
     request_parse_error: str | None = None
+    kind: str | None = None  # proxy.request_kind.KINDS
 
 
 def parse_request(
@@ -56,6 +58,7 @@ def parse_request(
         except Exception as exc:  # a field of an unexpected type
             info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
     info.session_id = _header_session(get) or info.session_id
+    info.kind = request_kind(method or "POST", path, get, obj)
     return info
 
 

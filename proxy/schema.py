@@ -64,7 +64,12 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("cache_creation_tokens", "BIGINT"),
     ("reasoning_tokens", "BIGINT"),
     ("tokens_source", "VARCHAR"),
+    # what the request is (proxy/request_kind.py): generation, token_count, embedding, model_list,
+    # probe, prewarm or other; last because m003 added it
+    ("kind", "VARCHAR"),
 )
+
+KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
 
 CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "VARCHAR"),

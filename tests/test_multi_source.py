@@ -69,7 +69,7 @@ def test_sql_over_two_databases_and_an_export(data: Path) -> None:
                       " GROUP BY ALL ORDER BY 1", a, c)
     assert chunks == sorted([{"source": a, "n": 6}, {"source": c, "n": 504}], key=lambda g: g["source"])
     daily = sql_json("SELECT sum(requests) AS n FROM daily", a, b, c)
-    assert daily == [{"n": 37}]
+    assert daily == [{"n": 35}]  # the rollups are generations: gw-a's and c's GET /v1/models are left out
 
 
 def test_a_glob_of_exports_tells_each_export_apart(data: Path) -> None:

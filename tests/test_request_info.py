@@ -23,7 +23,7 @@ CLAUDE_BODY = {
 def test_claude_code_request():
     headers = {"Content-Type": "application/json", "User-Agent": "claude-cli/2.1.197 (external, sdk-cli)"}
     info = parse_request("/v1/messages?beta=true", headers, orjson.dumps(CLAUDE_BODY))
-    assert info == RequestInfo("claude-sonnet-4-5", True, 32000, 2, CLAUDE_SESSION, None)
+    assert info == RequestInfo("claude-sonnet-4-5", True, 32000, 2, CLAUDE_SESSION, None, "generation")
 
 
 def test_session_header_wins_and_is_case_insensitive():
@@ -48,7 +48,7 @@ def test_codex_zstd_request():
     body = {"model": "gpt-5", "stream": True, "input": [{"type": "message"}] * 3, "max_output_tokens": 4000}
     headers = {"content-encoding": "zstd", "content-type": "application/json", "session-id": "codex-1"}
     info = parse_request("/v1/responses", headers, zstd.compress(orjson.dumps(body)))
-    assert info == RequestInfo("gpt-5", True, 4000, 3, "codex-1", None)
+    assert info == RequestInfo("gpt-5", True, 4000, 3, "codex-1", None, "generation")
 
 
 def raw_deflate(data: bytes) -> bytes:
@@ -69,7 +69,7 @@ def raw_deflate(data: bytes) -> bytes:
 def test_compressed_bodies(encoding, compress):
     body = orjson.dumps({"model": "m", "messages": [1, 2, 3], "max_completion_tokens": 9})
     info = parse_request("/v1/chat/completions", {"Content-Encoding": encoding}, compress(body))
-    assert info == RequestInfo("m", False, 9, 3, None, None)
+    assert info == RequestInfo("m", False, 9, 3, None, None, "generation")
 
 
 @pytest.mark.parametrize(("encoding", "compress"), [
@@ -90,14 +90,14 @@ def test_undecodable_body_is_a_parse_error(encoding, body):
 def test_gemini_model_and_stream_from_path():
     body = orjson.dumps({"contents": [{"role": "user"}] * 2, "generationConfig": {"maxOutputTokens": 256}})
     info = parse_request("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse&key=k", {}, body)
-    assert info == RequestInfo("gemini-2.5-pro", True, 256, 2, None, None)
+    assert info == RequestInfo("gemini-2.5-pro", True, 256, 2, None, None, "generation")
     info = parse_request("/gemini/v1beta/models/gemini-2.5-flash:generateContent", {}, body)
     assert (info.request_model, info.stream) == ("gemini-2.5-flash", False)
 
 
 def test_responses_string_input_and_default_stream():
     info = parse_request("/v1/responses", {}, b'{"model": "gpt-5", "input": "hi"}')
-    assert info == RequestInfo("gpt-5", False, None, 1, None, None)
+    assert info == RequestInfo("gpt-5", False, None, 1, None, None, "generation")
 
 
 @pytest.mark.parametrize(("path", "headers", "body", "method", "error"), [
@@ -117,8 +117,8 @@ def test_parse_errors(path, headers, body, method, error):
 
 def test_wrong_types_are_ignored():
     body = b'{"model": 5, "messages": {}, "stream": "yes", "max_tokens": "9", "metadata": []}'
-    assert parse_request("/v1/messages", {}, body) == RequestInfo(None, False, None, None, None, None)
+    assert parse_request("/v1/messages", {}, body) == RequestInfo(None, False, None, None, None, None, "generation")
 
 
 def test_json_that_is_not_an_object():
-    assert parse_request("/v1/chat/completions", {}, b"[1, 2]") == RequestInfo()
+    assert parse_request("/v1/chat/completions", {}, b"[1, 2]") == RequestInfo(kind="generation")
