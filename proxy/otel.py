@@ -11,9 +11,11 @@ SDK's batch span processor and periodic metric reader send them from their
 own threads. Attributes follow the GenAI semantic conventions
 (docs/gen-ai in open-telemetry/semantic-conventions): the span is named
 `"{gen_ai.operation.name} {gen_ai.request.model}"`, starts at `started_at`
-and lasts `e2e_ms`. Requests that are not generations (dialect `generic`,
-e.g. `GET /v1/models`) get a plain HTTP client span named after the method
-and no GenAI metrics. `gen_ai.provider.name` comes from the dialect (an
+and lasts `e2e_ms`. The operation name comes from the row's `kind`
+(proxy/request_kind.py): a generation is `chat` (`generate_content` for
+Gemini), an embedding `embeddings`; the other kinds have no GenAI operation
+(token counts, probes, model lists, Codex's prewarm) and get a plain HTTP
+client span named after the method, and no GenAI metrics. `gen_ai.provider.name` comes from the dialect (an
 OpenAI-compatible local server is reported as `openai`). Like the Prometheus
 metrics, `time_per_output_chunk` gets one sample per request (its TPOT), and
 token usage has an extra `gen_ai.token.type` = `cache_read` (an llmtap
@@ -99,6 +101,12 @@ def _require() -> None:
 
 
 def operation(row: Mapping[str, Any]) -> str | None:
+    """`gen_ai.operation.name` for the row's kind (a row without one: its dialect's)."""
+    kind = row.get("kind")
+    if kind == "embedding":
+        return "embeddings"
+    if kind not in (None, "generation"):
+        return None
     return OPERATION.get(row.get("dialect") or "")
 
 
@@ -113,7 +121,7 @@ def metric_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
     """The attributes the GenAI client metrics are recorded with (low cardinality)."""
     dialect = row.get("dialect") or ""
     return _present({
-        "gen_ai.operation.name": OPERATION.get(dialect),
+        "gen_ai.operation.name": operation(row),
         "gen_ai.provider.name": PROVIDER.get(dialect),
         "gen_ai.request.model": row.get("request_model"),
         "gen_ai.response.model": row.get("response_model"),

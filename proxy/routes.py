@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from yarl import URL
 
@@ -17,6 +18,10 @@ class Route:
     upstream: URL  # scheme://host[:port][/base-path], no query
     # The upstream key llmtap puts in place of the client's (opt-in); never printed or stored.
     credential: str | None = field(default=None, repr=False, compare=False)
+    # The forward proxy to reach the upstream through (proxy/egress.py), decided once at start:
+    # its URL without credentials, and an aiohttp.BasicAuth of them; None: direct.
+    proxy: URL | None = field(default=None, compare=False)
+    proxy_auth: Any = field(default=None, repr=False, compare=False)
     base: str = field(init=False, repr=False, compare=False)  # str(upstream) without its trailing "/"
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from .errors import error_response
-from .forward import new_meter, upstream_headers
+from .forward import new_meter, proxy_failure, proxy_refused, upstream_headers
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
@@ -81,11 +81,19 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         headers.popall(name, None)
     try:
         upstream = await state.session.ws_connect(url, headers=headers, protocols=_protocols(request),
-                                                  autoping=True, max_msg_size=0, compress=0)
+                                                  autoping=True, max_msg_size=0, compress=0,
+                                                  proxy=route.proxy, proxy_auth=route.proxy_auth)
     except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
+            status, code, message = proxy_refused(route, 407)
+            return _refuse(turns, received, status, message, code, "upstream_unreachable")
         message = f"upstream refused the WebSocket upgrade with HTTP {exc.status}"
         return _refuse(turns, received, exc.status, message, "websocket_refused", "http_error")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if (failed := proxy_failure(exc, route)) is not None:
+            status, code, message = failed
+            return _refuse(turns, received, status, message, code,
+                           "upstream_timeout" if status == 504 else "upstream_unreachable")
         message = f"cannot reach upstream {route.upstream.host} for a WebSocket: {type(exc).__name__}"
         return _refuse(turns, received, 502, message, "upstream_unreachable", "upstream_unreachable")
     client = web.WebSocketResponse(protocols=_protocols(request), autoping=True, max_msg_size=0, compress=False)

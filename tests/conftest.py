@@ -20,7 +20,8 @@ def llmtap_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LLMTAP_HOME", str(home))
     monkeypatch.setenv("LLMTAP_CONFIG", str(tmp_path / "no-config.toml"))
     monkeypatch.delenv("LLMTAP_DB", raising=False)
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                "NO_PROXY", "no_proxy", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
         monkeypatch.delenv(var, raising=False)
     return home
 

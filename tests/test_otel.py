@@ -76,6 +76,35 @@ async def test_spans_from_real_requests(proxy: RunningProxy, memory) -> None:
     assert "gen_ai.operation.name" not in by_name["GET"].attributes
 
 
+async def test_the_operation_is_the_requests_kind(proxy: RunningProxy, memory) -> None:
+    """A token count is no GenAI operation (plain span, no metrics); an embedding is `embeddings`;
+    Codex's WebSocket turn is a streamed `chat` with its time to first chunk, its prewarm is not."""
+    import aiohttp
+
+    from .cli_traffic import CLAUDE_HEADERS, MESSAGES, codex_websocket_turn
+
+    exporter, spans, reader = memory
+    proxy.state.listeners.append(exporter.observe)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(proxy.url + "/v1/messages/count_tokens", headers=CLAUDE_HEADERS,
+                          json={"model": "claude-x", "messages": MESSAGES}) as r:
+            assert r.status == 200
+        async with s.post(proxy.url + "/v1/embeddings", json={"model": "emb-x", "input": "hi"}) as r:
+            await r.read()  # the simulator has no embeddings: a 404 all the same
+        await codex_websocket_turn(s, proxy.url, model="gpt-ws")
+    recorded = rows(proxy)
+    assert sorted(r["kind"] for r in recorded) == ["embedding", "generation", "prewarm", "token_count"]
+    names = sorted(span.name for span in spans.get_finished_spans())
+    assert names == ["GET", "POST", "chat gpt-ws", "embeddings emb-x"]
+    turn = next(sp for sp in spans.get_finished_spans() if sp.name == "chat gpt-ws").attributes
+    assert turn["gen_ai.request.stream"] is True and turn["gen_ai.response.time_to_first_chunk"] > 0
+    found = histograms(reader)
+    models = {p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.operation.duration"]}
+    assert models == {"gpt-ws", "emb-x"}
+    assert [p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.operation.time_to_first_chunk"]] == [
+        "gpt-ws"]
+
+
 def histograms(reader: InMemoryMetricReader) -> dict[str, list]:
     data = reader.get_metrics_data()
     return {m.name: list(m.data.data_points)

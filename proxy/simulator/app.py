@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -75,6 +76,9 @@ def make_simulator_app(config: SimConfig | None = None, *, record: bool = True) 
     app.router.add_post("/v1/chat/completions", openai_chat.handle)
     app.router.add_post("/v1/responses", openai_responses.handle)
     app.router.add_get("/v1/responses", websocket.handle, allow_head=False)
+    # The ChatGPT backend Codex uses on a ChatGPT login: the same API under a base without /v1.
+    app.router.add_post("/backend-api/codex/responses", openai_responses.handle)
+    app.router.add_get("/backend-api/codex/responses", websocket.handle, allow_head=False)
     app.router.add_post("/v1/messages", anthropic.handle)
     app.router.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
     app.router.add_get("/v1/models", _models, allow_head=False)
@@ -89,15 +93,18 @@ class Simulator:
     Inside `async with`: .port, .url (no trailing slash), .requests (method,
     path_qs, headers with lower-case names, raw body as received) and
     .active_streams. Request bodies are not decompressed on arrival, so
-    .requests shows exactly what a proxy forwarded.
+    .requests shows exactly what a proxy forwarded. With `ssl_context` it
+    serves https (the context holds its certificate).
     """
 
     def __init__(
-        self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0, *, record: bool = True
+        self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0, *, record: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.app = make_simulator_app(config, record=record)
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
 
     @property
@@ -123,13 +130,13 @@ class Simulator:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{host}:{self.port}"
 
     async def __aenter__(self) -> Simulator:
         runner = web.AppRunner(self.app, access_log=None, auto_decompress=False, shutdown_timeout=1.0)
         await runner.setup()
         self._runner = runner
-        await web.TCPSite(runner, self.host, self.port).start()
+        await web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context).start()
         self.port = runner.addresses[0][1]
         return self
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config as cfg
+from .. import egress
+from ..routes import normal_prefix
 from . import env_checks, local_checks, upstream_checks
 from .check import Check, fail, warn
 from .endpoint import LiveProxy, find_running
@@ -60,8 +62,26 @@ def diagnose(options: Options) -> list[Check]:
                            "\"...\" in ~/.config/llmtap/config.toml), or check one: llmtap doctor --upstream URL"))
     ca_bundle = config.ca_bundle if config is not None else None
     for url in urls:
-        checks += upstream_checks.upstream(url, options.env, options.timeout, ca_bundle)
+        try:
+            proxy = forward_proxy(url, options.env, config)
+        except egress.EgressError as exc:
+            checks.append(fail(f"upstream {url}", f"forward proxy: {exc}", "llmtap serve refuses to start with it too"))
+            continue
+        checks += upstream_checks.upstream(url, options.env, options.timeout, ca_bundle, proxy)
     return checks
+
+
+def forward_proxy(url: str, env: dict[str, str], config: cfg.ServeConfig | None) -> egress.ForwardProxy | None:
+    """The forward proxy `llmtap serve` would use for this upstream (its route's, when the config has one)."""
+    if config is None:
+        return egress.proxy_for(url, env)
+    prefixes = [p for p, u in config.routes.items() if u.rstrip("/") == url.rstrip("/")]
+    if config.upstream and config.upstream.rstrip("/") == url.rstrip("/"):
+        prefixes.insert(0, "")
+    route_proxies = {normal_prefix(p): v for p, v in config.route_proxy.items()}
+    prefix = normal_prefix(prefixes[0]) if prefixes else ""
+    return egress.proxy_for(url, env, config.upstream_proxy, route_proxies.get(prefix) if prefixes else None,
+                            prefix or "/")
 
 
 def exit_code(checks: list[Check]) -> int:
