@@ -46,8 +46,8 @@ def find_chromium() -> str | None:
 class Chromium:
     """`async with Chromium(binary) as page:` a page ready for `open`, `evaluate`, `screenshot`."""
 
-    def __init__(self, binary: str, width: int = 1400, height: int = 1000) -> None:
-        self.binary, self.width, self.height = binary, width, height
+    def __init__(self, binary: str, width: int = 1400, height: int = 1000, flags: tuple[str, ...] = ()) -> None:
+        self.binary, self.width, self.height, self.flags = binary, width, height, flags
         self.errors: list[str] = []
         self.dialogs: list[str] = []
         self.requested: list[str] = []
@@ -61,7 +61,7 @@ class Chromium:
     async def __aenter__(self) -> Chromium:
         self._profile = tempfile.mkdtemp(prefix="llmtap-chromium-")
         self._process = await asyncio.create_subprocess_exec(
-            self.binary, *FLAGS, f"--user-data-dir={self._profile}",
+            self.binary, *FLAGS, *self.flags, f"--user-data-dir={self._profile}",
             f"--window-size={self.width},{self.height}", "about:blank",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True,

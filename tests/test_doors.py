@@ -277,3 +277,56 @@ async def test_another_unix_user_gets_nothing(monkeypatch: pytest.MonkeyPatch) -
         assert [(r["status"], r["error_type"]) for r in found] == [(401, "invalid_client_key")] * 2
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+# -- a real browser ------------------------------------------------------------------------------------------
+
+EVIL_PAGE = """<!doctype html><script>
+window.results = {};
+const body = JSON.stringify({model: "gpt-5", messages: [{role: "user", content: "spend the key"}]});
+Promise.allSettled([
+  fetch(PROXY + "/v1/chat/completions", {method: "POST", mode: "no-cors",
+        headers: {"Content-Type": "text/plain"}, body}).then(r => window.results.simple = r.type),
+  fetch(PROXY + "/v1/chat/completions", {method: "POST", headers: {"Content-Type": "application/json"}, body})
+    .then(r => window.results.cors = r.status, e => window.results.cors = "blocked"),
+]).then(() => window.done = true);
+</script>"""
+
+
+async def test_a_page_in_a_real_browser_cannot_spend_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chromium opens a page of another origin that posts to the proxy (a simple cross-site POST, then a
+    CORS request), and a DNS-rebound name of the proxy's own address: the upstream sees nothing."""
+    from aiohttp import web
+
+    from .browser import Chromium, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no Chromium on this machine")
+    monkeypatch.setenv("REAL_KEY", REAL)
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path, upstream_key_env="REAL_KEY")) as p:
+            page = web.Application()
+            page.router.add_get("/", lambda _: web.Response(
+                text=EVIL_PAGE.replace("PROXY", repr(p.url)), content_type="text/html"))
+            runner = web.AppRunner(page)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            page_port = runner.addresses[0][1]
+            try:
+                rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
+                async with asyncio.timeout(60), Chromium(binary, flags=(rules,)) as browser:
+                    await browser.open(f"http://127.0.0.1:{page_port}/")
+                    await browser.wait_for("window.done === true", 20)
+                    results = await browser.evaluate("window.results")
+                    await browser.open(f"http://evil.example:{p.port}/v1/models")  # rebinding: its own name
+                    rebound = await browser.evaluate("document.body.innerText")
+            finally:
+                await runner.cleanup()
+            found = rows(p, "SELECT method, status, error_type FROM requests ORDER BY started_at")
+    assert results == {"simple": "opaque", "cors": "blocked"}
+    assert "does not name this machine" in rebound
+    assert up.received == []
+    assert {(r["method"], r["status"], r["error_type"]) for r in found} == {
+        ("POST", 403, "refused_web_page"), ("OPTIONS", 403, "refused_web_page"), ("GET", 403, "refused_web_page")}
