@@ -209,7 +209,7 @@ class Probe:
         return result["segments"]
 
 
-def probe_main(url: str, interval_s: float = 0.01, max_s: float = 600.0) -> None:
+def probe_main(url: str, interval_s: float = 0.01, max_s: float = 600.0, token: str = "") -> None:
     """Real-time priority when allowed, so that its own wake-ups are not what it measures."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
@@ -220,7 +220,8 @@ def probe_main(url: str, interval_s: float = 0.01, max_s: float = 600.0) -> None
 
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    conn.request("GET", parts.path)
+    headers = {"X-Llmtap-Admin-Token": token} if token else {}
+    conn.request("GET", parts.path, headers=headers)
     conn.getresponse().read()
     segments: list[list[float]] = [[]]
     print("ready", flush=True)
@@ -228,7 +229,7 @@ def probe_main(url: str, interval_s: float = 0.01, max_s: float = 600.0) -> None
     stdin, pending = sys.stdin.fileno(), b""
     while time.perf_counter() - start < max_s:
         t = time.perf_counter()
-        conn.request("GET", parts.path)
+        conn.request("GET", parts.path, headers=headers)
         conn.getresponse().read()
         segments[-1].append((time.perf_counter() - t) * 1000)
         due += interval_s
@@ -316,7 +317,8 @@ def load_main(url: str, connections: int, warmup_s: float, seconds: float, heade
 
 if __name__ == "__main__":
     if sys.argv[1] == "probe":
-        probe_main(sys.argv[2], max_s=float(sys.argv[3]) if len(sys.argv) > 3 else 600.0)
+        probe_main(sys.argv[2], max_s=float(sys.argv[3]) if len(sys.argv) > 3 else 600.0,
+                   token=sys.argv[4] if len(sys.argv) > 4 else "")
     elif sys.argv[1] == "load":
         load_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6]),
                   STREAM_BODY if sys.argv[7:8] == ["stream"] else PLAIN_BODY)

@@ -164,7 +164,7 @@ class Bench:
 
     def _probe(self, target: Target) -> Probe:
         proc = self.procs.start(f"probe-{target.name}", [sys.executable, CLIENT, "probe", target.url + "/_llmtap/health",
-                                                          "600"], self.load_cpu, pipe=True)
+                                                          "600", procs_mod.ADMIN_TOKEN], self.load_cpu, pipe=True)
         try:
             return Probe(proc)
         except ProbeFailed as exc:
@@ -234,7 +234,8 @@ class Bench:
 def _inproxy_lag(url: str) -> dict[str, float]:
     """The proxy's own timer-lag probe (rolling window of the last minute) from its health answer."""
     try:
-        with urllib.request.urlopen(url + "/_llmtap/health", timeout=5) as resp:
+        request = urllib.request.Request(url + "/_llmtap/health", headers=procs_mod.ADMIN_HEADERS)
+        with urllib.request.urlopen(request, timeout=5) as resp:
             lag = json.loads(resp.read()).get("event_loop_lag") or {}
     except (OSError, ValueError):
         return {}

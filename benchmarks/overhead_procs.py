@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy import running
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
 TASKSET = shutil.which("taskset")
@@ -170,9 +172,10 @@ def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, meas
     With `source`, the llmtap of that source tree (its `proxy` package comes first on the path)."""
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
-    state = home / "serve.json"
-    state.unlink(missing_ok=True)
-    env = {**os.environ, "LLMTAP_HOME": str(home), "LLMTAP_CONFIG": str(home / "none.toml")}
+    legacy = home / "serve.json"  # where a source tree older than per-proxy state files writes it
+    legacy.unlink(missing_ok=True)
+    env = {**os.environ, "LLMTAP_HOME": str(home), "LLMTAP_CONFIG": str(home / "none.toml"),
+           "LLMTAP_ADMIN_TOKEN": ADMIN_TOKEN}
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(source), os.environ.get("PYTHONPATH"))))
     argv = [*LLMTAP, "serve", "--port", "0", "--upstream", upstream, "--db", str(home / "bench.duckdb"), "--quiet"]
@@ -181,13 +184,21 @@ def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, meas
     proc = procs.start(name, argv, cpu, env=env, cwd=source)
 
     def ready() -> str | None:
+        if (state := running.state_of(proc.pid, home)) is not None:
+            return state.url
         try:
-            info = json.loads(state.read_text())
+            info = json.loads(legacy.read_text())
         except (OSError, ValueError):
             return None
         return f"http://{info['host']}:{info['port']}"
 
     return proc, procs.wait_ready(name, proc, ready)
+
+
+# Every serve the benchmarks start takes its admin token from the environment (an older source tree
+# given to --against too); nginx ignores the header.
+ADMIN_TOKEN = "llmtap-benchmark-admin-token"
+ADMIN_HEADERS = {"X-Llmtap-Admin-Token": ADMIN_TOKEN}
 
 
 def nginx_binary() -> str | None:

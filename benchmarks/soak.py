@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import re
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import aiohttp
 import duckdb
+
+from proxy import running
 
 RSS_TOLERANCE_MB = 15.0  # over the measured window, beyond the warm-up
 DUCKDB_MEMORY = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
@@ -77,9 +78,13 @@ def slope_per_min(xs: list[float], ys: list[float]) -> float:
 
 # -- the processes -----------------------------------------------------------------------------
 
+ADMIN_TOKEN = "llmtap-soak-admin-token"  # serve takes it from its environment
+ADMIN_HEADERS = {running.TOKEN_HEADER: ADMIN_TOKEN}
+
 
 def start_processes(work: Path) -> tuple[subprocess.Popen, subprocess.Popen, str, int]:
-    env = {**os.environ, "LLMTAP_HOME": str(work / "home"), "LLMTAP_CONFIG": str(work / "none.toml")}
+    env = {**os.environ, "LLMTAP_HOME": str(work / "home"), "LLMTAP_CONFIG": str(work / "none.toml"),
+           "LLMTAP_ADMIN_TOKEN": ADMIN_TOKEN}
     mock = subprocess.Popen([sys.executable, "-m", "proxy", "mock-upstream", "--port", "0", "--ttft-ms", "30",
                              "--itl-ms", "3", "--tokens", "40"], stdout=subprocess.PIPE, text=True, env=env)
     line = mock.stdout.readline() if mock.stdout else ""
@@ -89,14 +94,11 @@ def start_processes(work: Path) -> tuple[subprocess.Popen, subprocess.Popen, str
     serve = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream,
                               "--db", str(work / "soak.duckdb"), "--quiet"],
                              stderr=open(work / "serve.log", "wb"), env=env)
-    state = work / "home" / "serve.json"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            info = json.loads(state.read_text())
-            return mock, serve, f"http://127.0.0.1:{info['port']}", serve.pid
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.1)
+        if (state := running.state_of(serve.pid, work / "home")) is not None:
+            return mock, serve, state.url, serve.pid
+        time.sleep(0.1)
     raise SystemExit("llmtap serve did not start in 30 s: " + (work / "serve.log").read_text())
 
 
@@ -149,9 +151,9 @@ async def worker(s: aiohttp.ClientSession, base: str, load: Load, stop: asyncio.
 
 
 async def sample(s: aiohttp.ClientSession, base: str, pid: int, t0: float, load: Load) -> Sample:
-    async with s.get(base + "/_llmtap/health") as r:
+    async with s.get(base + "/_llmtap/health", headers=ADMIN_HEADERS) as r:
         health = await r.json()
-    async with s.post(base + "/_llmtap/sql", json={"sql": DUCKDB_MEMORY}) as r:
+    async with s.post(base + "/_llmtap/sql", json={"sql": DUCKDB_MEMORY}, headers=ADMIN_HEADERS) as r:
         duckdb_mb = ((await r.json())["rows"][0][0] or 0) / 2**20
     lag = health["event_loop_lag"]["p99_ms"] or 0.0
     store = health.get("store") or {}

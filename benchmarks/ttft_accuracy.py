@@ -40,6 +40,9 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+ADMIN_HEADERS = {"X-Llmtap-Admin-Token": "llmtap-accuracy-admin-token"}  # serve reads it from its environment
+
+
 async def wait_ready(url: str, deadline_s: float = 20) -> None:
     end = time.monotonic() + deadline_s
     async with aiohttp.ClientSession() as s:
@@ -81,12 +84,13 @@ async def drive(base: str, n: int, concurrency: int, prefix: str = "acc") -> dic
 async def recorded(base: str, expected: int) -> tuple[dict[str, float], dict]:
     async with aiohttp.ClientSession() as s:
         for _ in range(50):  # rows land within the flush interval
-            async with s.post(base + "/_llmtap/sql", json={"sql": "SELECT tag, ttft_ms FROM requests WHERE tag LIKE 'acc-%'"}) as r:
+            async with s.post(base + "/_llmtap/sql", json={"sql": "SELECT tag, ttft_ms FROM requests WHERE tag LIKE 'acc-%'"},
+                              headers=ADMIN_HEADERS) as r:
                 rows = (await r.json())["rows"]
             if len(rows) >= expected:
                 break
             await asyncio.sleep(0.2)
-        async with s.get(base + "/_llmtap/health") as r:
+        async with s.get(base + "/_llmtap/health", headers=ADMIN_HEADERS) as r:
             health = await r.json()
     return {tag: ttft for tag, ttft in rows}, health
 
@@ -103,7 +107,8 @@ async def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=200)
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="llmtap-acc-")
-    env = {**os.environ, "LLMTAP_HOME": home, "LLMTAP_CONFIG": str(Path(home) / "none.toml")}
+    env = {**os.environ, "LLMTAP_HOME": home, "LLMTAP_CONFIG": str(Path(home) / "none.toml"),
+           "LLMTAP_ADMIN_TOKEN": ADMIN_HEADERS["X-Llmtap-Admin-Token"]}
     up_port, px_port = free_port(), free_port()
     procs = [start(["mock-upstream", "--port", str(up_port), "--ttft-ms", str(args.ttft_ms), "--itl-ms", "20",
                     "--tokens", "50", "--prefill-us-per-token", "0"], env)]
