@@ -48,6 +48,8 @@ def test_claude_code_prints_env_block_without_v1(tmp_path: Path) -> None:
         "}\n"
         '# merged into the "env" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)\n'
         "# it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable\n"
+        "# no key is set: a Claude subscription login keeps working (ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN "
+        "would replace it)\n"
         "# write it there with: llmtap setup claude-code --write\n"
     )
     assert not (tmp_path / ".claude").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .endpoint import DEFAULT_URL, base_urls, find_running, strip_v1
-from .setup import TOOLS
+from .setup import CODEX_LOGINS, TOOLS
 
 
 @click.command()
@@ -19,10 +19,12 @@ from .setup import TOOLS
               help="Codex's directory (default: $CODEX_HOME, else ~/.codex).")
 @click.option("--env-key", default="OPENAI_API_KEY", show_default=True,
               help="Codex: the variable holding the API key.")
+@click.option("--codex-login", type=click.Choice(CODEX_LOGINS),
+              help="Codex: how it signs in (default: read from its auth.json; a ChatGPT login is kept).")
 @click.option("--data-dir", "cline_data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Cline's --data-dir (default: $CLINE_DATA_DIR, else ~/.cline/data).")
 def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
-          cline_data_dir: Path | None) -> None:
+          codex_login: str | None, cline_data_dir: Path | None) -> None:
     """Print (or --write) the config that points TOOL at llmtap."""
     from . import config_files
     from .setup import Locations, SetupError, plan
@@ -35,7 +37,7 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         urls = base_urls(live.url, live.prefixes) if live else base_urls(DEFAULT_URL)
     where = Locations.from_env(codex_home=codex_home, cline_data_dir=cline_data_dir)
     try:
-        the_plan = plan(tool, urls, where, env_key)
+        the_plan = plan(tool, urls, where, env_key, codex_login)
         if the_plan.file is not None:
             click.echo(f"# {the_plan.file}")
         click.echo(the_plan.text, nl=False)
@@ -45,7 +47,7 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
             if the_plan.file is not None:
                 click.echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key)
+        result = write_config(tool, urls, where, env_key, login=codex_login)
     except (SetupError, config_files.ConfigFileError) as exc:
         raise click.ClickException(str(exc)) from None
     if not result.changed:

@@ -23,6 +23,8 @@ TAG_PREFIX = "/_tag/"
 class BaseUrls:
     anthropic: str  # no /v1: Claude Code, the Anthropic SDKs
     openai: str  # with /v1: the OpenAI SDKs, Codex, Cline (both providers)
+    # Codex on a ChatGPT login: a route to https://chatgpt.com/backend-api/codex, a base without /v1
+    chatgpt: str = ""
 
 
 def _pick(prefixes: list[str], word: str) -> str:
@@ -45,7 +47,9 @@ def base_urls(proxy_url: str, prefixes: list[str] | None = None, tag: str | None
     root = proxy_url.rstrip("/")
     if tag:
         root += TAG_PREFIX + urllib.parse.quote(tag, safe="")
-    return BaseUrls(anthropic=root + _pick(prefixes, "anthropic"), openai=root + _pick(prefixes, "openai") + "/v1")
+    chatgpt = next((p.rstrip("/") for p in prefixes if "chatgpt" in p.lower()), "/chatgpt")
+    return BaseUrls(anthropic=root + _pick(prefixes, "anthropic"), openai=root + _pick(prefixes, "openai") + "/v1",
+                    chatgpt=root + chatgpt)
 
 
 def strip_v1(url: str) -> str:

@@ -32,6 +32,7 @@ from .. import config as cfg
 from . import summary
 from .background import BackgroundProxy
 from .endpoint import BaseUrls, LiveProxy, base_urls, find_running
+from .setup import Locations, codex_login
 from .toml_edit import toml_string
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
@@ -107,7 +108,10 @@ def tool_arguments(command: list[str], urls: BaseUrls, env: dict[str, str]) -> t
         key, why = codex_base_url_key(env)
         if key is None:
             return command, [why or ""]
-        option = f"{key}={toml_string(urls.openai)}"
+        url = urls.openai
+        if key == "openai_base_url" and codex_login(Locations.from_env(env)) == "chatgpt":
+            url = urls.chatgpt  # a ChatGPT login's backend, through llmtap's /chatgpt route (setup.py)
+        option = f"{key}={toml_string(url)}"
         return [command[0], "-c", option, *command[1:]], [f"codex gets -c {option}"]
     if name == "cline":
         return command, ["cline reads its base URL from providers.json only (set it with `llmtap setup cline --write`)"]

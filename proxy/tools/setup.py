@@ -4,15 +4,24 @@
 |---------------|-------------------------------------------|----------------------|
 | claude-code   | ~/.claude/settings.json `env`             | no                   |
 | codex         | ~/.codex/config.toml model provider       | yes                  |
+| codex (ChatGPT login) | ~/.codex/config.toml `openai_base_url` | no (a /chatgpt route) |
 | cline         | <data-dir>/settings/providers.json        | yes (both providers) |
 | openai-sdk    | OPENAI_BASE_URL                           | yes                  |
 | anthropic-sdk | ANTHROPIC_BASE_URL                        | no                   |
+
+Subscription logins stay as they are: Claude Code gets only its base URL (a key
+variable would replace a Claude login), and Codex on a ChatGPT login gets only
+the built-in provider's base URL (an `env_key` provider would switch it to
+API-key auth).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +32,10 @@ from .endpoint import BaseUrls
 
 TOOLS = ("claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk")
 CODEX_PROVIDER = "llmtap"
+# Where Codex sends a ChatGPT login's requests (codex-rs/model-provider-info: the built-in `openai`
+# provider's default base URL when auth is ChatGPT); `openai_base_url` in config.toml overrides it.
+CHATGPT_BACKEND = "https://chatgpt.com/backend-api/codex"
+CODEX_LOGINS = ("chatgpt", "api-key")
 CLINE_PROVIDERS = ("anthropic", "openai-compatible", "openai-native")
 CLINE_AUTH_HINTS = {
     "anthropic": "cline auth -p anthropic -k \"$ANTHROPIC_API_KEY\" -m claude-sonnet-4-5",
@@ -53,6 +66,10 @@ class Locations:
         return cls(claude_settings=claude_dir / "settings.json", codex_config=codex_dir / "config.toml",
                    cline_providers=_cline_providers(env, home, cline_data_dir))
 
+    @property
+    def codex_auth(self) -> Path:
+        return self.codex_config.parent / "auth.json"
+
 
 def _cline_providers(env: dict[str, str], home: Path, data_dir: Path | None) -> Path:
     """Cline 3.x: --data-dir, else $CLINE_PROVIDER_SETTINGS_PATH, $CLINE_DATA_DIR, $CLINE_DIR/data, ~/.cline/data."""
@@ -76,18 +93,62 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY") -> Plan:
+def codex_login(where: Locations) -> str | None:
+    """How Codex signs in, read from $CODEX_HOME/auth.json as Codex reads it: "chatgpt", "api-key", or
+    None (no file: not logged in, or the login is in the OS keyring).
+
+    The file (codex-rs/login/src/auth/storage.rs, `AuthDotJson`): `auth_mode` ("chatgpt", "apikey",
+    "chatgptAuthTokens", ...), `OPENAI_API_KEY`, `tokens` {id_token, access_token, refresh_token,
+    account_id}, `last_refresh`. Without `auth_mode`, an `OPENAI_API_KEY` means API-key auth and
+    anything else ChatGPT (`AuthDotJson::resolved_mode`, login/src/auth/manager.rs).
+    """
+    try:
+        data = json.loads(where.codex_auth.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    mode = data.get("auth_mode")
+    if isinstance(mode, str):
+        if mode == "apikey":
+            return "api-key"
+        return "chatgpt" if mode.startswith("chatgpt") or mode == "agentIdentity" else None  # the Codex backend
+    if data.get("OPENAI_API_KEY") is not None:
+        return "api-key"
+    return "chatgpt" if isinstance(data.get("tokens"), dict) else None
+
+
+def _codex_toml(where: Locations) -> dict[str, Any]:
+    try:
+        return tomllib.loads(where.codex_config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
+         login: str | None = None) -> Plan:
+    """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json."""
     if tool == "claude-code":
         text = config_files.json_text(claude_settings({}, urls))
         return Plan(tool, text, where.claude_settings, [
             "merged into the \"env\" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)",
             "it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable",
+            "no key is set: a Claude subscription login keeps working (ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN "
+            "would replace it)",
         ])
     if tool == "codex":
-        return Plan(tool, codex_snippet(urls, codex_env_key), where.codex_config, [
-            f"base_url ends in /v1 (Codex appends /responses); the key comes from ${codex_env_key}",
-            "only model_provider and this table are written; the rest of the file is kept byte for byte",
-        ])
+        detected = codex_login(where)
+        if (login or detected) == "chatgpt":
+            return _codex_chatgpt_plan(urls, where)
+        notes = [f"base_url ends in /v1 (Codex appends /responses); the key comes from ${codex_env_key}",
+                 "only model_provider and this table are written; the rest of the file is kept byte for byte"]
+        if detected == "chatgpt":
+            notes.append(f"this switches Codex from its ChatGPT login ({where.codex_auth}) to the API key in "
+                         f"${codex_env_key}; without --codex-login api-key, setup keeps the login")
+        elif detected is None and _codex_toml(where).get("cli_auth_credentials_store") in ("keyring", "auto"):
+            notes.append("Codex keeps its login in the OS keyring here, so setup cannot tell how it signs in: "
+                         "on a ChatGPT login, run it with --codex-login chatgpt")
+        return Plan(tool, codex_snippet(urls, codex_env_key), where.codex_config, notes)
     if tool == "cline":
         text = config_files.json_text({"providers": {p: {"settings": cline_settings(p, urls)} for p in CLINE_PROVIDERS}})
         return Plan(tool, text, where.cline_providers, [
@@ -105,6 +166,22 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
             "no /v1: the SDK appends /v1/messages",
         ])
     raise SetupError(f"unknown tool {tool!r}; one of: {', '.join(TOOLS)}")
+
+
+def _codex_chatgpt_plan(urls: BaseUrls, where: Locations) -> Plan:
+    prefix = urllib.parse.urlsplit(urls.chatgpt).path
+    notes = [
+        f"Codex signs in with ChatGPT ({where.codex_auth}): only the built-in provider's base URL is set, "
+        "so it keeps that login (no env_key, no API key)",
+        f"llmtap needs the route to the ChatGPT backend: llmtap serve --route {prefix}={CHATGPT_BACKEND}",
+        "no /v1: Codex appends /responses (HTTP with SSE, or its Responses WebSocket), /models, ...",
+        "only openai_base_url is written; the rest of the file is kept byte for byte",
+    ]
+    provider = _codex_toml(where).get("model_provider")
+    if isinstance(provider, str) and provider != "openai":
+        notes.append(f"model_provider = \"{provider}\" in {where.codex_config} wins over the built-in provider "
+                     "(and the ChatGPT login): remove that line for these settings to apply")
+    return Plan("codex", f"openai_base_url = {toml_edit.toml_string(urls.chatgpt)}\n", where.codex_config, notes)
 
 
 def claude_settings(data: dict[str, Any], urls: BaseUrls) -> dict[str, Any]:
@@ -162,10 +239,10 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime) -> dict[str
 
 
 def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
-          now: datetime | None = None) -> config_files.WriteResult:
+          now: datetime | None = None, login: str | None = None) -> config_files.WriteResult:
     """Merge the tool's configuration into its file (backup first; no change, no write)."""
     now = now or datetime.now(timezone.utc)
-    the_plan = plan(tool, urls, where, codex_env_key)
+    the_plan = plan(tool, urls, where, codex_env_key, login)
     path = the_plan.file
     if path is None:
         raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
@@ -173,8 +250,12 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
     if tool == "codex":
         old = config_files.read_text(path)
         try:
-            new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
-                                              ("model_providers", CODEX_PROVIDER), codex_provider(urls, codex_env_key))
+            if (login or codex_login(where)) == "chatgpt":
+                new = toml_edit.set_top_keys(old or "", {"openai_base_url": urls.chatgpt})
+            else:
+                new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
+                                                  ("model_providers", CODEX_PROVIDER),
+                                                  codex_provider(urls, codex_env_key))
         except toml_edit.tomllib.TOMLDecodeError as exc:
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:

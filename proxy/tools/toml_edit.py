@@ -1,4 +1,4 @@
-"""Set one top-level key and one table in a TOML file by text edits.
+"""Set top-level keys (and one table) in a TOML file by text edits.
 
 Everything else in the file stays byte-identical: comments, order, spacing.
 The result is parsed again and must equal the old document with exactly the
@@ -104,6 +104,23 @@ def set_key_and_table(text: str, top: dict[str, str], table: tuple[str, ...], va
         lines.append(f"[{'.'.join(table)}]\n")
         lines.extend(f"{key} = {toml_string(value)}\n" for key, value in values.items())
 
+    _set_top(lines, top)
+    return _checked("".join(lines), expected, f"[{'.'.join(table)}] and {', '.join(top)}")
+
+
+def set_top_keys(text: str, top: dict[str, str]) -> str:
+    """`text` with the top-level keys `top` set; everything else byte-identical.
+
+    Raises TomlEditError (or tomllib's TOMLDecodeError for a file that is not TOML).
+    """
+    expected = {**copy.deepcopy(tomllib.loads(text)), **top}
+    lines = text.splitlines(keepends=True)
+    _set_top(lines, top)
+    return _checked("".join(lines), expected, ", ".join(top))
+
+
+def _set_top(lines: list[str], top: dict[str, str]) -> None:
+    """Set `top` among the keys before the first table; new ones after the last of those."""
     first_header = next((i for i, line in enumerate(lines) if _HEADER.match(line)), len(lines))
     missing = {k: v for k, v in top.items()
                if not any(_key_line(k).match(lines[i]) for i in range(first_header))}
@@ -113,15 +130,18 @@ def set_key_and_table(text: str, top: dict[str, str], table: tuple[str, ...], va
         new_lines = [f"{key} = {toml_string(value)}\n" for key, value in missing.items()]
         if at < len(lines) and lines[at].strip():
             new_lines.append("\n")
+        if at > 0 and not lines[at - 1].endswith("\n"):
+            lines[at - 1] += "\n"
         lines[at:at] = new_lines
 
-    result = "".join(lines)
+
+def _checked(result: str, expected: dict[str, Any], what: str) -> str:
+    """`result` if it parses to `expected`, else TomlEditError (the file is then left alone)."""
     try:
         ok = tomllib.loads(result) == expected
     except tomllib.TOMLDecodeError:
         ok = False
     if not ok:
-        where = f"[{'.'.join(table)}]"
-        raise TomlEditError(f"cannot set {where} and {', '.join(top)} safely by a text edit "
+        raise TomlEditError(f"cannot set {what} safely by a text edit "
                             f"(the file defines them in an unusual form): edit it by hand")
     return result
