@@ -190,7 +190,8 @@ def make_app(state: ProxyState) -> web.Application:
 def routes_banner(state: ProxyState, base_url: str) -> str:
     lines = [f"llmtap listening on {base_url}"]
     for route in sorted(state.routes.routes, key=lambda r: r.prefix):
-        lines.append(f"  {base_url}{route.prefix or ''}  ->  {route.upstream}")
+        via = f"  (through the forward proxy {route.proxy.host}:{route.proxy.port})" if route.proxy else ""
+        lines.append(f"  {base_url}{route.prefix or ''}  ->  {route.upstream}{via}")
     lines.append(_tool_hints(base_url, state.routes.routes))
     return "\n".join(lines)
 
