@@ -75,7 +75,7 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML config file (default: ~/.config/llmtap/config.toml).")
-@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--host", "hosts", multiple=True, help="Address to listen on; repeatable (default localhost: 127.0.0.1 and ::1).")
 @click.option("--port", type=int, help="Port to listen on (default 8787).")
 @click.option("--upstream", help="Default upstream; the request path is appended to its path.")
 @click.option("--route", "route_specs", multiple=True, metavar="PREFIX=URL", help="Extra route; the prefix is stripped, longest prefix wins. Repeatable.")
@@ -105,14 +105,15 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--route-key-env", "route_key_specs", multiple=True, metavar="PREFIX=VAR", help="The same for one route prefix. Repeatable.")
 @click.option("--print-config", is_flag=True, help="Print the effective configuration as TOML and exit.")
 def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_specs: tuple[str, ...],
-          print_config: bool, **flags: Any) -> None:
+          hosts: tuple[str, ...], print_config: bool, **flags: Any) -> None:
     """Run the proxy: forward, relay and measure every request."""
     from .server import check_bind, run, serve_forever
     from .store import StoreError
 
     try:
         keys = dict(_pair(spec, "--route-key-env") for spec in route_key_specs)
-        config = cfg.build(config_path, {**flags, "routes": _routes(route_specs), "route_key_env": keys})
+        host = (hosts[0] if len(hosts) == 1 else list(hosts)) if hosts else None
+        config = cfg.build(config_path, {**flags, "host": host, "routes": _routes(route_specs), "route_key_env": keys})
         if print_config:
             click.echo(cfg.to_toml(config), nl=False)
             return

@@ -27,7 +27,9 @@ class ConfigError(ValueError):
 
 @dataclass
 class ServeConfig:
-    host: str = "127.0.0.1"
+    # Where to listen: an address, or several. "localhost" is both loopback addresses, 127.0.0.1 and ::1
+    # (where the system has IPv6): clients resolve localhost to ::1 first on many systems.
+    host: str | list[str] = "localhost"
     port: int = 8787
     upstream: str | None = None
     routes: dict[str, str] = field(default_factory=dict)
@@ -66,6 +68,20 @@ class ServeConfig:
     # prefix too, where a URL or "none" wins over everything else.
     upstream_proxy: str | None = None
     route_proxy: dict[str, str] = field(default_factory=dict)
+
+    def listen_addresses(self) -> list[tuple[str, bool]]:
+        """(address, required) to listen on, in order; ::1 from "localhost" is optional (no IPv6)."""
+        given = [self.host] if isinstance(self.host, str) else list(self.host)
+        out: dict[str, bool] = {}
+        for host in given:
+            for address in (("127.0.0.1", True), ("::1", False)) if host == "localhost" else ((host, True),):
+                out[address[0]] = out.get(address[0], False) or address[1]
+        return list(out.items())
+
+    @property
+    def main_host(self) -> str:
+        """The address clients are told to use (the banner, `setup`, the state file)."""
+        return self.listen_addresses()[0][0]
 
     @property
     def db_path(self) -> Path:

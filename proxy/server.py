@@ -31,13 +31,16 @@ def check_bind(config: ServeConfig) -> None:
     A wider address needs `--allow-remote`. The admin endpoint always needs its token (made per
     start unless configured); remote admin clients need one they know: `--admin-token-file`.
     """
-    if is_loopback_bind(config.host):
-        return
-    if not config.allow_remote:
+    wide = _wide_hosts(config)
+    if wide and not config.allow_remote:
         raise ConfigError(
-            f"refusing to listen on {config.host}: llmtap binds loopback only unless you pass "
+            f"refusing to listen on {', '.join(wide)}: llmtap binds loopback only unless you pass "
             "--allow-remote"
         )
+
+
+def _wide_hosts(config: ServeConfig) -> list[str]:
+    return [host for host, _ in config.listen_addresses() if not is_loopback_bind(host)]
 
 
 def is_loopback_bind(host: str) -> bool:
@@ -51,9 +54,10 @@ def is_loopback_bind(host: str) -> bool:
 
 
 def remote_warning(config: ServeConfig) -> str | None:
-    if is_loopback_bind(config.host):
+    wide = _wide_hosts(config)
+    if not wide:
         return None
-    return (f"llmtap: WARNING: listening on {config.host}, reachable from other machines: anyone who can "
+    return (f"llmtap: WARNING: listening on {', '.join(wide)}, reachable from other machines: anyone who can "
             "connect can send requests through it to the upstreams (and use any key it injects); "
             "the admin endpoint requires the admin token")
 
@@ -74,7 +78,7 @@ class RunningProxy:
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
                                 admin_token=admin_token(config), client_key=client_key() if injects else None,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
-                                                  remote=config.allow_remote and not is_loopback_bind(config.host)))
+                                                  remote=config.allow_remote and bool(_wide_hosts(config))))
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
                                                loop_lag=self.state.loop_lag.summary)
         self.state.listeners.append(self.state.metrics.observe)
@@ -87,6 +91,7 @@ class RunningProxy:
             self.state.listeners.append(self.otel.observe)
         self.runner: web.AppRunner | None = None
         self.port = config.port
+        self.listening: list[str] = []  # the addresses it listens on
 
     @property
     def admin_token(self) -> str:
@@ -99,7 +104,7 @@ class RunningProxy:
 
     @property
     def url(self) -> str:
-        host = self.config.host
+        host = self.config.main_host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     async def __aenter__(self) -> "RunningProxy":
@@ -110,14 +115,30 @@ class RunningProxy:
         self.runner = web.AppRunner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
                                     access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
         try:
-            await site.start()
+            await self._listen()
         except OSError:
             await self.aclose()
             raise
-        self.port = self.runner.addresses[0][1]
         return self
+
+    async def _listen(self) -> None:
+        """Each address on one port (the first's, when the port is 0). An optional one (::1 of
+        "localhost") that cannot be had is left out, with a note."""
+        port = self.config.port
+        for host, required in self.config.listen_addresses():
+            site = web.TCPSite(self.runner, host, port, backlog=4096, reuse_address=True)  # type: ignore[arg-type]
+            try:
+                await site.start()
+            except OSError as exc:
+                if required:
+                    raise
+                self.state.report(f"llmtap: not listening on {host} ({exc.strerror or exc})")
+                continue
+            self.listening.append(host)
+            if port == 0:
+                port = self.runner.addresses[-1][1]  # type: ignore[union-attr]
+        self.port = port
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -157,7 +178,7 @@ def _register_views(store: Store) -> None:
 
 def write_state(proxy: RunningProxy) -> Path:
     db = str(proxy.config.db_path) if proxy.store is not None else None
-    return running.write_state(host=proxy.config.host, port=proxy.port, db=db, admin_token=proxy.admin_token)
+    return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token)
 
 
 SWITCH_INTERVAL_S = 0.0005
@@ -188,6 +209,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
         tune_runtime()
         state_file = write_state(proxy)
         report(routes_banner(proxy.state, proxy.url))
+        if len(proxy.listening) > 1:
+            report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
         if proxy.store is not None:

@@ -53,14 +53,18 @@ def test_no_upstream_message_shows_an_example() -> None:
 
 
 def test_print_config_round_trips(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["serve", "--upstream", "http://u", "--route", "/a=http://a/x", "--port", "1234",
-                                       "--admin-token", "secret-token", "--print-config"])
+    given = tmp_path / "given.toml"
+    given.write_text('admin_token = "secret-token"\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(given), "--upstream", "http://u", "--route",
+                                       "/a=http://a/x", "--port", "1234", "--host", "127.0.0.1", "--host", "::1",
+                                       "--allow-origin", "http://localhost:3000", "--print-config"])
     assert result.exit_code == 0, result.output
     assert "secret-token" not in result.output
     path = tmp_path / "round.toml"
     path.write_text(result.output)
     config = build(path, {})
     assert (config.port, config.upstream, config.routes) == (1234, "http://u", {"/a": "http://a/x"})
+    assert (config.host, config.allow_origins) == (["127.0.0.1", "::1"], ["http://localhost:3000"])
 
 
 def test_non_loopback_needs_allow_remote() -> None:

@@ -132,7 +132,7 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
-            await loop.sock_connect(sock, (p.config.host, p.port))
+            await loop.sock_connect(sock, (p.config.main_host, p.port))
             await loop.sock_sendall(sock, b"GET /_llmtap/live HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                    + f"X-Llmtap-Admin-Token: {p.admin_token}\r\n\r\n".encode())
             try:

@@ -7,6 +7,7 @@ records in `key_fingerprint`, so a row can be matched to a variable.
 from __future__ import annotations
 
 import json
+import socket
 import tomllib
 import urllib.parse
 from pathlib import Path
@@ -202,12 +203,30 @@ def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) ->
     return _target(subject, parts, live)
 
 
+def _localhost_gaps(host: str, port: int) -> list[str]:
+    """The addresses `localhost` resolves to where nothing listens on `port`, when another does."""
+    if host.lower() != "localhost":
+        return []
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    gaps = [a for a in addresses if not reach.listening(a, port)]
+    return gaps if len(gaps) < len(addresses) else []
+
+
 def _target(subject: str, parts: urllib.parse.SplitResult, live: LiveProxy | None) -> Check:
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     if not reach.is_loopback(host):
         return warn(subject, f"goes to {host} directly, not through llmtap: these requests are not measured",
                     "point it at llmtap (llmtap setup TOOL prints the value)")
+    if gaps := _localhost_gaps(host, port):
+        return warn(subject, f"localhost resolves to {', '.join(gaps)} too, where nothing listens on port {port}: "
+                    "clients that try one address only (Node with family autoselection off, curl -6) fail",
+                    f"use http://127.0.0.1:{port} in the base URL, or listen there too (llmtap serve listens on "
+                    "127.0.0.1 and ::1 by default)")
     if live is not None and _same_port(live.url, port):
         return ok(subject, "goes through the running llmtap serve")
     if not reach.listening(host, port):

@@ -30,17 +30,17 @@ def running_proxy(live: LiveProxy | None) -> Check:
 
 
 def port(config: ServeConfig, live: LiveProxy | None) -> Check:
-    subject = f"port {config.port} on {config.host}"
+    subject = f"port {config.port} on {config.main_host}"
     if live is not None and live.url.endswith(f":{config.port}"):
         return ok(subject, "used by the running llmtap serve")
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in config.main_host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((config.host, config.port))
+            sock.bind((config.main_host, config.port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            client = running.find_client(f"http://{running.connect_host(config.host)}:{config.port}")
+            client = running.find_client(f"http://{running.connect_host(config.main_host)}:{config.port}")
             if client is not None and client.health() is not None:
                 return ok(subject, "used by an llmtap proxy (its state file is elsewhere: another LLMTAP_HOME?)")
             return fail(subject, "in use by another process",
