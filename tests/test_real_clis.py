@@ -11,6 +11,7 @@ Deselect them with `-m "not real_cli"`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import json
 import os
@@ -26,6 +27,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from proxy.config import ServeConfig
 from proxy.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import count_input_tokens, expected_text
@@ -220,6 +222,47 @@ async def test_codex_built_in_provider_over_websocket(clis: Path, sim: Simulator
     assert found[0]["message_count"] == 1 and found[1]["message_count"] > 1
     assert [(m, p) for m, p, _, _ in sim.requests] == [("GET", "/v1/responses")]
     assert sim.requests[0][2]["openai-beta"].startswith("responses_websockets=")
+
+
+def _jwt(claims: dict[str, Any]) -> str:
+    part = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.bm90LXNpZ25lZA"
+
+
+async def test_codex_on_a_chatgpt_login_set_up_by_llmtap(clis: Path, sim: Simulator, tmp_path: Path) -> None:
+    """A ChatGPT login (auth.json as `codex login` writes it, tokens that need no refresh): setup writes
+    only openai_base_url, Codex keeps its login and reaches the ChatGPT backend through the /chatgpt route."""
+    codex = str(clis / "node_modules" / ".bin" / "codex")
+    codex_home = tmp_path / "home" / ".codex"
+    codex_home.mkdir(parents=True)
+    account = "6f1c0a7e-0000-4000-8000-000000000001"
+    claims = {"exp": 4102444800, "https://api.openai.com/auth": {"chatgpt_account_id": account,
+                                                                 "chatgpt_plan_type": "plus"}}
+    access = _jwt(claims)
+    (codex_home / "auth.json").write_text(json.dumps({
+        "auth_mode": "chatgpt", "OPENAI_API_KEY": None, "last_refresh": "2026-11-30T12:00:00Z",
+        "tokens": {"id_token": _jwt({**claims, "email": "dev@example.com"}), "access_token": access,
+                   "refresh_token": "rt-not-real", "account_id": account}}))
+    (codex_home / "config.toml").write_text(CODEX_CONFIG)
+    env = base_env(tmp_path / "home", CODEX_HOME=str(codex_home))
+    config = ServeConfig(port=0, upstream=sim.url, routes={"/chatgpt": sim.url + "/backend-api/codex"},
+                         db=str(tmp_path / "llmtap.duckdb"), quiet=True, flush_interval_s=0.2)
+    async with RunningProxy(config) as proxy:
+        write_setup("codex", "--base-url", proxy.url, env=env)
+        assert (codex_home / "config.toml").read_text() == (
+            f'model = "gpt-5"\nopenai_base_url = "{proxy.url}/chatgpt"\n\n' + CODEX_CONFIG.split("\n", 1)[1])
+        code, out, err = await run_cli([codex, "exec", "--skip-git-repo-check", "say hi"], env, tmp_path)
+        assert code == 0, err
+        assert out.strip() == TEXT
+        found = rows(proxy, "SELECT * FROM requests WHERE path = '/chatgpt/responses' ORDER BY started_at")
+        stored = repr(rows(proxy)) + repr(rows(proxy, "SELECT * FROM chunks"))
+    assert [(r["method"], r["route"], r["status"], r["kind"]) for r in found] == [
+        ("GET", "/chatgpt", 101, "prewarm"), ("GET", "/chatgpt", 101, "generation")]
+    generation(found[1], "codex", "openai_responses")
+    [(_, path, headers, _)] = [r for r in sim.requests if r[1] == "/backend-api/codex/responses"]
+    assert headers["authorization"] == f"Bearer {access}" and headers["chatgpt-account-id"] == account
+    assert headers["openai-beta"].startswith("responses_websockets=")
+    assert access not in stored
 
 
 CLINE_RUNS = (("openai-compatible", "m", "POST", "/v1/chat/completions", "openai_chat"),
