@@ -1,6 +1,7 @@
-"""The analysis commands (`sql`, `report`, `errors`, `export`): a thin click layer.
+"""The analysis commands (`sql`, `report`, `errors`, `export`, `show`, `demo`): a thin click layer.
 
-`proxy.cli` calls `register(group)`. Every command takes `--db` and reads
+`proxy.cli` imports each command when it runs (its `COMMANDS`); `register(group)` adds them all
+at once. Every command takes `--db` and reads
 through `source.open_source`, so it works whether or not `llmtap serve` is
 running. `sql`, `report`, `errors` and `export` also take `--from`
 (repeatable), which reads several databases and Parquet exports together
@@ -10,27 +11,32 @@ instead (`multi_source.py`).
 from __future__ import annotations
 
 import functools
+import os
+import re
+import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from proxy import paths
+from proxy.schema import KINDS
 
 from . import error_report, report as report_mod
 from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
-from .bench.cli import bench
-from .top.cli import top
 from .filters import Filters
-from .html_report import render_html
-from .formatting import FORMATS as SQL_FORMATS, render
+from .formatting import FORMATS as SQL_FORMATS, render, short_ids
 from .multi_source import open_sources
 from .source import Source, SourceError, open_source
 from .timewindow import WindowError, parse_time, utc_now
 
 F = TypeVar("F", bound=Callable[..., Any])
+DEMO_DB = "demo.duckdb"  # `llmtap demo`'s database, in llmtap's data directory
+_SHOW_TABLES = re.compile(r"\s*show\s+tables\s*;?\s*", re.IGNORECASE)
 
 
 def db_option(f: F) -> F:
@@ -96,6 +102,7 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
 @contextmanager
 def opened(db_path: Path, sources: tuple[str, ...] = ()) -> Iterator[Source]:
     """The source for `db_path` (or for the `--from` inputs), with its errors turned into click errors."""
+    db_path = _default_or_demo(db_path) if not sources else db_path
     try:
         source = open_sources(sources) if sources else open_source(db_path)
     except SourceError as exc:
@@ -106,6 +113,18 @@ def opened(db_path: Path, sources: tuple[str, ...] = ()) -> Iterator[Source]:
         raise click.ClickException(str(exc)) from None
     finally:
         source.close()
+
+
+def _default_or_demo(db_path: Path) -> Path:
+    """After `llmtap demo` and before the first `llmtap serve`, the default database does not exist
+    yet: read the demo's instead, and say so on stderr."""
+    if db_path != paths.default_db_path() or db_path.exists():
+        return db_path
+    demo = paths.data_dir() / DEMO_DB
+    if not demo.exists():
+        return db_path
+    click.echo(f"llmtap: no {db_path} yet (`llmtap serve` records there): reading the demo's {demo}", err=True)
+    return demo
 
 
 def _read_query(query: str | None, file: Path | None) -> str:
@@ -138,6 +157,8 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
     text = _read_query(query, file)
     if not text.strip():
         raise click.UsageError("the query is empty")
+    if _SHOW_TABLES.fullmatch(text):  # the `requests` view shadows the table: name it once
+        text = "SELECT DISTINCT name FROM (SHOW TABLES) ORDER BY name"
     with opened(db_path, sources) as source:
         columns, _, rows = source.query(text)
     click.echo(render(columns, rows, fmt), nl=False)
@@ -150,25 +171,39 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
               help="Show the errors report instead (like `llmtap errors`).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report with charts to this file.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="Only requests of this kind (repeatable; default: generation, or every kind with --by kind).")
+@click.option("--all", "all_kinds", is_flag=True,
+              help="Every kind of request: token counts, probes, model lists, prewarms, ... too.")
 @filter_options
 @db_option
 @from_option
 @output_options("table", "json", "csv")
-def report(by: str, show_errors: bool, html_path: Path | None, filters: Filters, db_path: Path,
-           sources: tuple[str, ...], fmt: str) -> None:
+def report(by: str, show_errors: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+           filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """Latency, errors and tokens by model, tool, route, ...
 
-    Then the 5 slowest requests. Percentiles (DuckDB quantile_cont: linear
-    interpolation, like numpy) are over successful requests, TTFT over
-    streams only. Days and hours are UTC. csv: the groups only.
+    Then the 5 slowest requests. Generations only (chat, messages,
+    responses, generateContent) unless --kind, --all or --by kind: token
+    counts, probes and model lists take milliseconds. Percentiles (DuckDB
+    quantile_cont: linear interpolation, like numpy) are over successful
+    requests, TTFT over streams only. Days and hours are UTC. csv: the
+    groups only.
     """
+    if kinds and all_kinds:
+        raise click.UsageError("give --kind or --all, not both")
+    every = all_kinds or (not kinds and (by == "kind" or show_errors))
+    filters = replace(filters, kinds=() if every else kinds or ("generation",))
     with opened(db_path, sources) as source:
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
-            html_path.write_text(render_html(source.query, where=filters.where(), title="llmtap report"))
+            from .html_report import render_html
+
+            title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
+            html_path.write_text(render_html(source.query, where=filters.where(), title=title))
     click.echo(text, nl=False)
     if html_path is not None:
         click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
@@ -188,6 +223,26 @@ def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) 
     with opened(db_path, sources) as source:
         text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
     click.echo(text, nl=False)
+
+
+@click.command()
+@click.argument("request_id", metavar="ID")
+@db_option
+@from_option
+@output_options("table", "json")
+def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+    """One request whole: its timing as a chart, its events, its error, every column.
+
+    ID is any unique prefix of a request id, as `llmtap report` prints them.
+    """
+    from . import show as show_mod
+
+    with opened(db_path, sources) as source:
+        try:
+            shown = show_mod.find(source, request_id)
+        except show_mod.ShowError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(show_mod.RENDERERS[fmt](shown), nl=False)
 
 
 @click.command()
@@ -224,7 +279,9 @@ def demo(db_path: Path | None) -> None:
     Starts the built-in simulated upstream and the proxy on free loopback
     ports, drives a short realistic mix through the official OpenAI and
     Anthropic SDKs (chat, Responses, Messages; streaming and not; a few
-    errors), then prints the report.
+    errors) and what the real CLIs send around them (token counts, a HEAD
+    probe, a models list, Codex's WebSocket prewarm and turn), then prints
+    the report.
     """
     from proxy.server import run
 
@@ -234,25 +291,66 @@ def demo(db_path: Path | None) -> None:
         raise click.ClickException(f"the demo needs the official SDKs ({exc.name}): pip install 'llmtap[demo]'") from None
 
     if db_path is None:
-        db_path = paths.data_dir() / "demo.duckdb"
+        db_path = paths.data_dir() / DEMO_DB
         for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
             stale.unlink(missing_ok=True)
     sent = run(lambda: run_demo(db_path))
     with opened(db_path) as source:
-        click.echo(report_mod.to_table(report_mod.build_report(source, "model", Filters())), nl=False)
+        built = report_mod.build_report(source, "model", Filters(kinds=("generation",)))
+        click.echo(report_mod.to_table(built))
         click.echo(error_report.to_table(error_report.build_error_report(source, Filters())), nl=False)
-    db = str(db_path)
-    click.echo(f"\n{sent} requests recorded in {db}. Try next:\n"
-               f"  llmtap report --db {db} --by tool\n"
-               f"  llmtap sql --db {db} \"SELECT dialect, outcome, count(*) AS n, round(median(ttft_ms)) AS ttft_ms "
-               f"FROM requests GROUP BY ALL ORDER BY n DESC\"\n"
-               f"  llmtap serve --upstream https://api.anthropic.com   # then point a real tool at it\n")
+    click.echo(try_next(sent, db_path, built), nl=False)
 
 
-COMMANDS = (sql, report, errors, export, demo, bench, top)
+def try_next(sent: int, db_path: Path, built: report_mod.Report) -> str:
+    """The demo's last lines: commands that work as typed, from where the demo was run."""
+    llmtap = invoked_as()
+    read_by_default = db_path == paths.data_dir() / DEMO_DB and not paths.default_db_path().exists()
+    db = "" if read_by_default else f" --db {db_path}"
+    lines = [f"\n{sent} requests recorded in {db_path}. Try next:"]
+    lines.append(f"  {llmtap} report{db} --by kind      # generations beside token counts, probes, prewarms")
+    if built.slowest:
+        lines.append(f"  {llmtap} show{db} {short_ids([r['id'] for r in built.slowest])[0]}"
+                     "     # the slowest request whole")
+    lines.append(f"  {llmtap} sql{db} \"SELECT kind, dialect, outcome, count(*) AS n,"
+                 " round(median(ttft_ms)) AS ttft_ms FROM requests GROUP BY ALL ORDER BY n DESC\"")
+    lines.append(f"  {llmtap} serve --upstream https://api.anthropic.com   # then point a real tool at it")
+    if llmtap != "llmtap" and sys.prefix != sys.base_prefix:
+        lines.append(f"(or `source {Path(sys.prefix, 'bin', 'activate')}` first, and type just `llmtap`)")
+    return "\n".join(lines) + "\n"
+
+
+def invoked_as() -> str:
+    """How to run this llmtap again from the current directory: `llmtap` when that is on PATH and is
+    this program, else the path it was started by (`.venv/bin/llmtap`), else `python -m proxy`."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name != "llmtap":
+        return f"{_from_here(sys.executable)} -m proxy"
+    on_path = shutil.which("llmtap")
+    if on_path and (not os.path.exists(argv0) or os.path.samefile(on_path, argv0)):
+        return "llmtap"
+    return _from_here(argv0)
+
+
+def _from_here(path: str) -> str:
+    """`path` relative to the current directory when it is below it, else absolute."""
+    full = os.path.abspath(path)
+    relative = os.path.relpath(full)
+    return full if relative.startswith("..") else relative
+
+
+def __getattr__(name: str) -> Any:
+    """`COMMANDS`, built when asked for: `bench` and `top` import the proxy's server, which the
+    query commands never need (`proxy.cli` imports each command when it runs)."""
+    if name == "COMMANDS":
+        from .bench.cli import bench
+        from .top.cli import top
+
+        return (sql, report, errors, export, show, demo, bench, top)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(group: click.Group) -> None:
     """Add the analysis commands to the `llmtap` group."""
-    for command in COMMANDS:
+    for command in __getattr__("COMMANDS"):
         group.add_command(command)

@@ -1,7 +1,9 @@
 """`llmtap demo`: the simulated upstream, the real proxy and a short realistic mix of traffic.
 
 No key, no network: everything runs in this process on loopback ports. The
-traffic goes through the official SDKs, so the rows look like daily use.
+traffic goes through the official SDKs, so the rows look like daily use, and
+includes what the real CLIs send around their generations: Claude Code's `HEAD /` warm-up and `count_tokens` before each
+prompt, Codex's WebSocket with its prewarm before the turn, a models list.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
+import aiohttp
 import anthropic
 import openai
+import orjson
 
 from proxy.config import ServeConfig
 from proxy.server import RunningProxy
@@ -28,6 +32,7 @@ PROMPT = "Explain in one paragraph why streaming matters for perceived latency. 
 class Call:
     label: str
     run: Callable[[str], Awaitable[None]]
+    requests: int = 1  # requests the call sends
 
 
 def _openai(base: str, headers: dict[str, str] | None = None) -> openai.AsyncOpenAI:
@@ -96,12 +101,50 @@ async def cut_stream(base: str) -> None:
         pass
 
 
+CLAUDE_CODE = {"User-Agent": "claude-cli/2.1.197 (external, sdk-cli)", "x-app": "cli"}
+CODEX = {"User-Agent": "codex_exec/0.171.0 (Debian 12; x86_64) dumb", "originator": "codex_exec",
+         "Authorization": "Bearer sk-demo-not-a-real-key", "OpenAI-Beta": "responses_websockets=2026-02-06",
+         "x-codex-turn-metadata": '{"request_kind":"turn"}', "x-sim-reasoning-tokens": "8"}
+
+
+async def claude_code_prompt(base: str) -> None:
+    """What `claude -p` sends: a `HEAD /` warm-up, a token count, then the streamed turn."""
+    async with aiohttp.ClientSession() as session:
+        async with session.head(base + "/", headers={"User-Agent": "Bun/1.2.19"}) as response:
+            await response.read()
+    headers = {**CLAUDE_CODE, "X-Claude-Code-Session-Id": f"demo-{random.randint(1, 3)}"}
+    async with _anthropic(base, headers) as client:
+        messages = [{"role": "user", "content": PROMPT * random.randint(1, 25)}]
+        await client.messages.count_tokens(model="claude-sonnet-4-5", messages=messages)  # type: ignore[arg-type]
+    await messages_stream(base, headers)
+
+
+async def codex_turn(base: str) -> None:
+    """Codex on its built-in provider: a WebSocket, a prewarm (`"generate": false`), then the turn."""
+    frames = [{"type": "response.create", "model": "gpt-5-codex", "input": [], "generate": False},
+              {"type": "response.create", "model": "gpt-5-codex",
+               "input": [{"role": "user", "content": PROMPT * random.randint(1, 20)}]}]
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(base + "/v1/responses", headers=CODEX) as ws:
+            for frame in frames:
+                await ws.send_str(orjson.dumps(frame).decode())
+                while (await ws.receive_json(timeout=20))["type"] not in ("response.completed", "response.failed"):
+                    pass
+
+
+async def models_list(base: str) -> None:
+    async with _openai(base) as client:
+        await client.models.list()
+
+
 def mix() -> list[Call]:
     calls = [Call("chat stream", chat_stream)] * 10 + [Call("chat", chat_once)] * 3
     calls += [Call("responses stream", responses_stream)] * 6
     calls += [Call("messages stream", messages_stream)] * 10 + [Call("messages", messages_once)] * 3
     calls += [Call("429", lambda b: failing(b, "429")), Call("401", lambda b: failing(b, "401")),
               Call("529", lambda b: failing(b, "529")), Call("cut stream", cut_stream)]
+    calls += [Call("claude code prompt", claude_code_prompt, 3)] * 4 + [Call("codex turn", codex_turn, 2)] * 3
+    calls += [Call("models", models_list)] * 2
     random.Random(7).shuffle(calls)
     return calls
 
@@ -110,8 +153,8 @@ class Progress:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
 
-    def step(self) -> None:
-        self.done += 1
+    def step(self, requests: int = 1) -> None:
+        self.done += requests
         if self.tty:
             bar = "#" * (30 * self.done // self.total)
             print(f"\r  [{bar:<30}] {self.done}/{self.total} requests", end="", file=sys.stderr, flush=True)
@@ -122,7 +165,7 @@ class Progress:
 
 
 async def drive(base: str, calls: list[Call], concurrency: int = 4) -> None:
-    progress = Progress(len(calls))
+    progress = Progress(sum(call.requests for call in calls))
     queue: asyncio.Queue[Call] = asyncio.Queue()
     for call in calls:
         queue.put_nowait(call)
@@ -132,9 +175,9 @@ async def drive(base: str, calls: list[Call], concurrency: int = 4) -> None:
             call = queue.get_nowait()
             try:
                 await asyncio.wait_for(call.run(base), timeout=20)
-            except (asyncio.TimeoutError, openai.APIError, anthropic.APIError):
+            except (asyncio.TimeoutError, openai.APIError, anthropic.APIError, aiohttp.ClientError):
                 pass
-            progress.step()
+            progress.step(call.requests)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     progress.close()
@@ -150,4 +193,4 @@ async def run_demo(db: Path, seed: int = 7) -> int:
             print(f"llmtap demo: simulated upstream {sim.url}, proxy {proxy.url}, recording to {db}", file=sys.stderr)
             calls = mix()
             await drive(proxy.url, calls)
-    return len(calls)
+    return sum(call.requests for call in calls)

@@ -1,10 +1,12 @@
 """`llmtap errors`: failures grouped by outcome, status and error type, with a likely cause.
 
 `error_groups` runs one GROUP BY over the `requests` view: the failed
-requests, plus the successful streams that carried chunks with an empty
-`choices` list (a warning, shown as outcome 'ok'). Each group keeps a little
-evidence (paths, models, key fingerprints, retry-after values, messages) for
-the rules.
+requests. Each group keeps a little evidence (paths, models, key
+fingerprints, retry-after values, messages, kinds) for the rules.
+`empty_choices_note` counts the successful streams with chunks whose
+`choices` list is empty: every Chat Completions stream with
+`stream_options.include_usage` ends with one (its usage), so they are not
+failures, only worth knowing when a client breaks on them.
 
 `RULES` is a table of small functions. Each looks at one group and returns a
 line of likely cause and fix, or None; a group shows the line of every rule
@@ -38,6 +40,7 @@ class ErrorGroup:
     messages: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     empty_choices_chunks: int = 0
+    kinds: list[str] = field(default_factory=list)  # proxy/request_kind.py's, '(none)' for NULL
 
 
 def _evidence(column: str) -> str:
@@ -53,12 +56,26 @@ SELECT outcome, status, error_type, count(*) AS count,
   list_sort(list(DISTINCT retry_after)) AS retry_after,
   list_slice(list_sort(list(DISTINCT error_message)), 1, {EVIDENCE}) AS messages,
   {_evidence('upstream_host')} AS hosts,
-  CAST(coalesce(sum(empty_choices_chunks), 0) AS BIGINT) AS empty_choices_chunks
+  CAST(coalesce(sum(empty_choices_chunks), 0) AS BIGINT) AS empty_choices_chunks,
+  {_evidence('kind')} AS kinds
 FROM requests
-WHERE ({{where}}) AND (error OR coalesce(empty_choices_chunks, 0) > 0)
+WHERE ({{where}}) AND error
 GROUP BY ALL
 ORDER BY count DESC, last_seen DESC, status NULLS LAST, outcome, error_type NULLS LAST
 """
+
+
+EMPTY_CHOICES_SQL = """
+SELECT count(*) AS requests, CAST(coalesce(sum(empty_choices_chunks), 0) AS BIGINT) AS chunks
+FROM requests WHERE ({where}) AND NOT error AND coalesce(empty_choices_chunks, 0) > 0
+"""
+
+
+def empty_choices_note(source: Source, filters: Filters) -> tuple[int, int]:
+    """Successful requests that had chunks with empty `choices`, and how many such chunks."""
+    _, _, rows = source.query(EMPTY_CHOICES_SQL.format(where=filters.where()))
+    requests, chunks = rows[0]
+    return int(requests), int(chunks)
 
 
 def error_groups(source: Source, filters: Filters) -> list[ErrorGroup]:
@@ -85,10 +102,10 @@ def _listed(values: list[str]) -> str:
 
 def auth(g: ErrorGroup) -> str | None:
     """401/403: which key, and what is usually wrong with it."""
-    keys = f"keys seen: {_listed(g.keys)}"
+    keys = f"keys seen: {_listed(g.keys)}" + (" ((none): no key sent)" if "(none)" in g.keys else "")
     if g.status == 401:
         return (f"API key rejected: missing, expired or revoked, or with stray whitespace or a"
-                f" newline; {keys} ((none): no key sent)")
+                f" newline; {keys}")
     if g.status == 403:
         return (f"the key works but may not do this (no access to the model, organisation,"
                 f" project or region); {keys}")
@@ -205,10 +222,19 @@ def proxy_error(g: ErrorGroup) -> str | None:
 
 
 def empty_choices(g: ErrorGroup) -> str | None:
-    if g.outcome != "ok" or g.empty_choices_chunks <= 0:
+    """A failed stream that carried chunks with empty `choices`: perhaps the client broke on one."""
+    if g.empty_choices_chunks <= 0:
         return None
     return (f"{g.empty_choices_chunks} chunks with empty `choices` (usage or content-filter"
             f" chunks) break clients that read choices[0] unchecked ('reading choices' errors)")
+
+
+def probe(g: ErrorGroup) -> str | None:
+    """Failed HEAD / OPTIONS warm-ups (Claude Code sends `HEAD /` before each prompt)."""
+    if g.kinds != ["probe"]:
+        return None
+    return ("these are warm-up probes (HEAD /, as Claude Code sends): the tool ignores the answer,"
+            " so they are harmless")
 
 
 Rule = Callable[[ErrorGroup], "str | None"]
@@ -229,6 +255,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("stream_truncated", stream_truncated),
     ("proxy_error", proxy_error),
     ("empty_choices", empty_choices),
+    ("probe", probe),
 )
 
 
@@ -240,6 +267,8 @@ def generic(g: ErrorGroup) -> str:
 
 
 def diagnose(g: ErrorGroup) -> list[str]:
-    """The likely causes and fixes for one group (at least one line)."""
+    """The likely causes and fixes for one group (at least one line); a probe's is the only one."""
+    if (line := probe(g)) is not None:
+        return [line]
     lines = [line for _, rule in RULES if (line := rule(g)) is not None]
     return lines or [generic(g)]

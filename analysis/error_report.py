@@ -1,4 +1,5 @@
-"""Rendering `llmtap errors`: the groups of `diagnose.py` with their causes, as text, json or csv."""
+"""Rendering `llmtap errors`: the groups of `diagnose.py` with their causes, as text, json or csv,
+and a note on the successful streams whose chunks had empty `choices`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import io
 import textwrap
 from dataclasses import asdict, dataclass
 
-from .diagnose import ErrorGroup, diagnose, error_groups
+from .diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
 from .filters import Filters
 from .formatting import dumps, layout
 from .report import span
@@ -24,13 +25,14 @@ class ErrorReport:
     first: str | None
     last: str | None
     groups: list[ErrorGroup]
+    empty_choices: tuple[int, int] = (0, 0)  # successful requests with empty-`choices` chunks, and the chunks
 
 
 def build_error_report(source: Source, filters: Filters) -> ErrorReport:
     requests, first, last = span(source, filters)
     groups = error_groups(source, filters)
-    failed = sum(g.count for g in groups if g.outcome != "ok")
-    return ErrorReport(requests, failed, first, last, groups)
+    failed = sum(g.count for g in groups)
+    return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters))
 
 
 def heading(report: ErrorReport) -> str:
@@ -49,9 +51,23 @@ def _hints(group: ErrorGroup) -> list[str]:
     return lines
 
 
+def note(report: ErrorReport) -> list[str]:
+    """The empty-`choices` note, wrapped, or nothing."""
+    requests, chunks = report.empty_choices
+    if not requests:
+        return []
+    streams = "stream" if requests == 1 else "streams"
+    text = (f"note: {requests} successful {streams} had {chunks} chunk{'' if chunks == 1 else 's'} with empty"
+            " `choices` (the usage chunk of `stream_options.include_usage`, or content-filter chunks):"
+            " normal, but clients that read choices[0] unchecked break on them")
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def to_table(report: ErrorReport) -> str:
     if not report.groups:
-        return heading(report) + ("\n" if not report.requests else ": nothing to diagnose\n")
+        if not report.requests:
+            return heading(report) + "\n"
+        return "\n".join([heading(report) + ": nothing to diagnose", *note(report)]) + "\n"
     rows = [
         [str(g.count), "-" if g.status is None else str(g.status), g.outcome or "-",
          g.error_type or "-", g.last_seen or "-"]
@@ -62,6 +78,8 @@ def to_table(report: ErrorReport) -> str:
     out = [heading(report), "", header, dashes]
     for line, group in zip(lines, report.groups):
         out += [line, *_hints(group)]
+    if report.empty_choices[0]:
+        out += ["", *note(report)]
     return "\n".join(out) + "\n"
 
 
@@ -76,6 +94,7 @@ def to_json(report: ErrorReport) -> str:
         "first": report.first,
         "last": report.last,
         "groups": [_record(g) for g in report.groups],
+        "empty_choices": {"requests": report.empty_choices[0], "chunks": report.empty_choices[1]},
     })
 
 

@@ -104,6 +104,17 @@ def truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + ELLIPSIS
 
 
+def short_ids(ids: Sequence[str], shortest: int = 8) -> list[str]:
+    """Each id cut to the fewest leading characters (at least `shortest`) that still tell these ids
+    apart: what `llmtap show` accepts (any unique prefix)."""
+    distinct = set(ids)
+    width = shortest
+    longest = max(map(len, distinct), default=0)
+    while width < longest and len({i[:width] for i in distinct}) < len(distinct):
+        width += 1
+    return [i[:width] for i in ids]
+
+
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     return [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
 

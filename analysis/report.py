@@ -3,7 +3,9 @@
 The numbers come from one GROUP BY over the `requests` view with the rollup
 terms of `views.py`: percentiles are DuckDB `quantile_cont` (linear
 interpolation, like numpy's default) over successful requests where the
-metric is known; TTFT only over streams. The table fits 80 columns: the
+metric is known; TTFT only over streams. The CLI shows generations unless
+asked for other kinds (`--kind`, `--all`, `--by kind`); the heading says how
+many requests of other kinds it left out. The table fits 80 columns: the
 metrics are split into two blocks that repeat the group column, durations
 are `820ms` or `6.4s`, token counts `12.3k`.
 """
@@ -12,10 +14,10 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .filters import Filters
+from .filters import Filters, sql_string
 from .formatting import (
     MIN_SHRUNK_WIDTH,
     column_widths,
@@ -25,6 +27,7 @@ from .formatting import (
     fmt_number,
     fmt_pct,
     layout,
+    short_ids,
     truncate,
 )
 from .source import Source
@@ -42,6 +45,7 @@ GROUPINGS: dict[str, str] = {
     "hour": "strftime(hour, '%Y-%m-%d %H:00')",
     "day": "strftime(day, '%Y-%m-%d')",
     "session": "session_id",
+    "kind": "kind",
 }
 CHRONOLOGICAL = ("hour", "day")
 NULL_LABEL = "(none)"
@@ -118,6 +122,8 @@ class Report:
     last: str | None
     groups: list[dict[str, Any]]
     slowest: list[dict[str, Any]]
+    kinds: tuple[str, ...] = ()  # the kinds shown; () is every kind
+    not_shown: dict[str, int] = field(default_factory=dict)  # requests of other kinds in the window, by kind
 
 
 def group_stats(source: Source, by: str, filters: Filters) -> list[dict[str, Any]]:
@@ -150,11 +156,24 @@ def span(source: Source, filters: Filters) -> tuple[int, str | None, str | None]
     return int(count), first, last
 
 
+def not_shown(source: Source, filters: Filters) -> dict[str, int]:
+    """The requests `filters.kinds` leaves out, by kind, busiest first."""
+    if not filters.kinds:
+        return {}
+    kinds = ", ".join(sql_string(k) for k in filters.kinds)
+    _, _, rows = source.query(
+        f"SELECT kind, count(*) AS n FROM requests WHERE {replace(filters, kinds=()).where()}"
+        f" AND kind NOT IN ({kinds}) GROUP BY kind ORDER BY n DESC, kind"
+    )
+    return {kind: int(n) for kind, n in rows}
+
+
 def build_report(source: Source, by: str, filters: Filters) -> Report:
     if by not in GROUPINGS:
         raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUPINGS)}")
     count, first, last = span(source, filters)
-    return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters))
+    return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters),
+                  filters.kinds, not_shown(source, filters))
 
 
 # -- rendering -------------------------------------------------------------------
@@ -195,20 +214,34 @@ def _block_tables(report: Report) -> list[str]:
 
 def _slowest_table(report: Report) -> str:
     headers = ["id", "model", "tool", "ttft", "e2e", "outcome"]
+    ids = short_ids([r["id"] or "" for r in report.slowest])
     rows = [
-        [r["id"][:8], _label(r["model"]), _label(r["tool"]), fmt_ms(r["ttft_ms"]), fmt_ms(r["e2e_ms"]),
+        [rid, _label(r["model"]), _label(r["tool"]), fmt_ms(r["ttft_ms"]), fmt_ms(r["e2e_ms"]),
          _label(r["outcome"])]
-        for r in report.slowest
+        for rid, r in zip(ids, report.slowest)
     ]
     right = [False, False, False, True, True, False]
     return layout(headers, rows, right, limit=WIDTH, shrinkable=[1, 2])
 
 
+def _what(report: Report) -> str:
+    """`generations`, `requests (token_count, probe)`, or `requests` for every kind."""
+    one = report.requests == 1
+    if report.kinds == ("generation",):
+        return "generation" if one else "generations"
+    noun = "request" if one else "requests"
+    return f"{noun} ({', '.join(report.kinds)})" if report.kinds else noun
+
+
 def heading(report: Report) -> str:
     if not report.requests:
-        return "no requests match"
-    plural = "request" if report.requests == 1 else "requests"
-    return f"{report.requests} {plural} from {report.first} to {report.last} UTC, by {report.by}"
+        line = "no requests match" if not report.kinds else f"no {_what(report)} match"
+    else:
+        line = f"{report.requests} {_what(report)} from {report.first} to {report.last} UTC, by {report.by}"
+    if report.not_shown:
+        counts = ", ".join(f"{n} {kind}" for kind, n in report.not_shown.items())
+        line += f"\nnot shown: {counts} (--all shows every kind, --by kind side by side)"
+    return line
 
 
 def to_table(report: Report) -> str:
@@ -238,6 +271,8 @@ def to_json(report: Report) -> str:
         "requests": report.requests,
         "first": report.first,
         "last": report.last,
+        "kinds": list(report.kinds),
+        "not_shown": report.not_shown,
         "groups": [_rounded_row(g) for g in report.groups],
         "slowest": [_rounded_row(r) for r in report.slowest],
     })

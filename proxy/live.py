@@ -38,7 +38,7 @@ MAX_FINISHED = 5000  # rows kept between two ticks; more are counted in finished
 FINISHED_FIELDS = (
     "id", "method", "path", "request_model", "tool", "session_id", "status", "outcome", "error_type",
     "stream", "ttft_ms", "tpot_ms", "e2e_ms", "input_tokens", "output_tokens", "cache_read_tokens",
-    "output_tokens_per_s",
+    "output_tokens_per_s", "kind",
 )
 Labels = tuple[str | None, str | None, str | None]  # model, tool, session_id
 

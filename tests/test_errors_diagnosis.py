@@ -148,14 +148,25 @@ def test_outcome_rules(rule: d.Rule, outcome: str, words: str) -> None:
 
 
 def test_empty_choices() -> None:
-    line = d.empty_choices(group(200, outcome="ok", empty_choices_chunks=2))
+    line = d.empty_choices(group(200, outcome="client_disconnected", empty_choices_chunks=2))
     assert line is not None and line.startswith("2 chunks with empty `choices`") and "reading choices" in line
-    assert d.empty_choices(group(200, outcome="ok")) is None
+    assert d.empty_choices(group(200, outcome="client_disconnected")) is None
+
+
+def test_no_key_sent_is_said_only_when_a_request_sent_none() -> None:
+    assert "no key sent" in d.auth(group(401, keys=["(none)", "k:9d41b7aa03c2"]))  # type: ignore[operator]
+    assert "no key sent" not in d.auth(group(401, keys=["k:9d41b7aa03c2"]))  # type: ignore[operator]
+
+
+def test_a_failed_probe_is_harmless_and_only_that() -> None:
+    g = group(404, paths=["/"], kinds=["probe"], messages=["Not Found"])
+    assert diagnose(g) == [d.probe(g)] and "harmless" in diagnose(g)[0]
+    assert d.probe(group(404, paths=["/"], kinds=["probe", "generation"])) is None
 
 
 def test_every_rule_is_in_the_table() -> None:
     names = [name for name, _ in d.RULES]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 17
     assert all(getattr(d, name) is rule for name, rule in d.RULES)
 
 
@@ -186,9 +197,6 @@ count  status  outcome               error_type             last seen (UTC)
     1     502  proxy_error           proxy_error            2026-11-29 15:06
   - llmtap itself failed on these requests: see the `llmtap serve` log, and
     report a bug
-    1     200  ok                    -                      2026-11-29 15:00
-  - 2 chunks with empty `choices` (usage or content-filter chunks) break clients
-    that read choices[0] unchecked ('reading choices' errors)
     1     200  stream_truncated      -                      2026-11-29 13:30
   - the upstream closed the stream before its terminal event (network drop or
     upstream crash): the client got a partial answer
@@ -222,6 +230,10 @@ count  status  outcome               error_type             last seen (UTC)
     1     404  http_error            not_found_error        2026-11-28 11:00
   - path /v1/v1/messages repeats /v1: the base URL already ends in /v1 and the
     client adds another: remove /v1 from the base URL
+
+note: 1 successful stream had 2 chunks with empty `choices` (the usage chunk of
+  `stream_options.include_usage`, or content-filter chunks): normal, but clients
+  that read choices[0] unchecked break on them
 """
 
 
@@ -237,10 +249,10 @@ def test_report_errors_is_the_same(db: Path) -> None:
 
 def test_errors_csv_with_filters(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tool", "codex", "--format", "csv") == """\
-outcome,status,error_type,count,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,causes
-upstream_timeout,504,upstream_timeout,1,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
-http_error,500,server_error,1,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
-http_error,404,invalid_request_error,1,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
+outcome,status,error_type,count,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,causes
+upstream_timeout,504,upstream_timeout,1,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,generation,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
+http_error,500,server_error,1,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,generation,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
+http_error,404,invalid_request_error,1,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,generation,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
 """
 
 

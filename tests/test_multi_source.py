@@ -87,7 +87,7 @@ def test_a_glob_of_exports_tells_each_export_apart(data: Path) -> None:
 
 def test_report_and_errors_read_every_source(data: Path) -> None:
     args = ["--from", str(data / "gw-a.duckdb"), "--from", str(data / "gw-b.duckdb"), "--format", "json"]
-    report = run("report", "--by", "tag", *args)
+    report = run("report", "--by", "tag", "--all", *args)
     assert report.exit_code == 0, report.output
     groups = {g["tag"]: g["requests"] for g in json.loads(report.output)["groups"]}
     assert groups == {"gw-a": 4, "gw-b": 2}

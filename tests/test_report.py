@@ -34,7 +34,8 @@ def run(db: Path, *args: str) -> str:
 
 
 BY_MODEL = """\
-31 requests from 2026-11-28 09:02 to 2026-11-30 17:41 UTC, by model
+30 generations from 2026-11-28 09:02 to 2026-11-30 17:40 UTC, by model
+not shown: 1 model_list (--all shows every kind, --by kind side by side)
 
                                          TTFT             E2E
 model              reqs    err%    p50    p90    p99    p50    p99
@@ -46,7 +47,6 @@ claude-haiku-4-5      3    0.0%      -      -      -  900ms   1.2s
 gpt-4.1-mini          2   50.0%      -      -      -   1.9s   1.9s
 claude-opus-4-1       1  100.0%      -      -      -      -      -
 gpt-5o                1  100.0%      -      -      -      -      -
-(none)                1    0.0%      -      -      -   95ms   95ms
 
                       TPOT     output     tokens     cache
 model               p50   p99  tok/s      in   out  read%
@@ -58,7 +58,6 @@ claude-haiku-4-5      -     -     33    5.5k    90   0.0%
 gpt-4.1-mini          -     -     63     800   120   0.0%
 claude-opus-4-1       -     -      -       -     -      -
 gpt-5o                -     -      -       -     -      -
-(none)                -     -      -       -     -      -
 
 5 slowest requests
 id        model              tool         ttft     e2e  outcome
@@ -78,6 +77,16 @@ def test_report_by_model_is_the_default(db: Path) -> None:
     assert run(db, "--by", "model", "--format", "table") == BY_MODEL
 
 
+def test_all_and_kind_show_the_other_kinds(db: Path) -> None:
+    every = run(db, "--all")
+    assert every.startswith("31 requests from 2026-11-28 09:02 to 2026-11-30 17:41 UTC, by model\n\n")
+    assert "\n(none)                1    0.0%      -      -      -   95ms   95ms\n" in every  # GET /v1/models
+    assert run(db, "--kind", "model_list").startswith("1 request (model_list) from ")
+    assert run(db, "--by", "kind").splitlines()[0] == "31 requests from 2026-11-28 09:02 to 2026-11-30 17:41 UTC, by kind"
+    result = CliRunner().invoke(main, ["report", "--db", str(db), "--all", "--kind", "probe"])
+    assert result.exit_code == 2 and "give --kind or --all, not both" in result.output
+
+
 def test_report_by_day(db: Path) -> None:
     assert run(db, "--by", "day").split("\n\n")[1:3] == [
         """\
@@ -86,7 +95,7 @@ day         reqs   err%    p50    p90    p99   p50    p99
 ----------  ----  -----  -----  -----  -----  ----  -----
 2026-11-28    10  50.0%  950ms   2.1s   2.4s  6.4s  14.2s
 2026-11-29    12  75.0%  450ms  650ms  695ms  3.0s   5.2s
-2026-11-30     9  11.1%   1.8s   2.8s   3.2s  3.7s  21.3s""",
+2026-11-30     8  12.5%   1.8s   2.8s   3.2s  4.1s  21.4s""",
         """\
                TPOT     output     tokens     cache
 day          p50   p99  tok/s      in   out  read%
@@ -99,7 +108,7 @@ day          p50   p99  tok/s      in   out  read%
 
 def test_report_by_hour_with_a_tool_filter(db: Path) -> None:
     assert run(db, "--by", "hour", "--tool", "cline") == """\
-5 requests from 2026-11-28 14:26 to 2026-11-29 15:05 UTC, by hour
+5 generations from 2026-11-28 14:26 to 2026-11-29 15:05 UTC, by hour
 
                                         TTFT            E2E
 hour              reqs    err%    p50    p90    p99   p50   p99
@@ -137,6 +146,10 @@ def test_report_json(db: Path) -> None:
   "requests": 2,
   "first": "2026-11-28 14:25",
   "last": "2026-11-29 15:06",
+  "kinds": [
+    "generation"
+  ],
+  "not_shown": {},
   "groups": [
     {
       "tag": "bench",
@@ -182,7 +195,7 @@ def test_report_json(db: Path) -> None:
 def test_report_csv(db: Path) -> None:
     assert run(db, "--by", "route", "--format", "csv") == """\
 route,requests,errors,error_pct,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,e2e_p99_ms,output_tokens_per_s_p50,input_tokens,output_tokens,cache_read_tokens,cache_read_share
-/,18,8,44.44,885.0,2350.0,3115.0,22.4,25.0,3655.0,20749.0,34.1,277550,2651,257000,0.926
+/,17,8,47.06,885.0,2350.0,3115.0,22.4,25.0,4100.0,20888.0,34.1,277550,2651,257000,0.926
 /openai,8,4,50.0,2100.0,2340.0,2394.0,13.4,14.8,11150.0,14440.0,61.6,125800,2320,110000,0.8744
 /local,5,3,60.0,415.0,443.0,449.3,17.8,18.5,2800.0,2996.0,48.1,12500,570,,
 """
@@ -275,7 +288,7 @@ def test_percentiles_use_linear_interpolation(db: Path) -> None:
 # -- windows and filters -----------------------------------------------------------
 
 def heading(db: Path, *args: str) -> str:
-    return run(db, *args).splitlines()[0]
+    return run(db, "--all", *args).splitlines()[0]
 
 
 def test_since_and_until_take_iso_times(db: Path) -> None:
@@ -290,7 +303,7 @@ def test_since_and_until_take_iso_times(db: Path) -> None:
 
 def test_relative_windows_count_back_from_now(db: Path) -> None:
     assert heading(db, "--since", "100000d").startswith("31 requests")
-    assert run(db, "--until", "36500d") == "no requests match\n"
+    assert run(db, "--until", "36500d") == "no generations match\n"
 
 
 def test_a_bad_window_is_a_usage_error(db: Path) -> None:
@@ -303,7 +316,7 @@ def test_filters_combine_and_quote_their_values(db: Path) -> None:
     assert heading(db, "--tag", "refactor", "--model", "claude-haiku-4-5") == (
         "1 request from 2026-11-28 09:07 to 2026-11-28 09:07 UTC, by model")
     assert heading(db, "--tool", "codex", "--tool", "curl").startswith("7 requests")
-    assert run(db, "--model", "o'brien') OR (1=1") == "no requests match\n"
+    assert run(db, "--model", "o'brien') OR (1=1") == "no generations match\n"
 
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -80,6 +80,7 @@ async def test_run_uses_the_running_proxy_through_a_tagged_base_url(sim: Simulat
     assert out.splitlines() == [TEXT, TEXT]
     assert f"ANTHROPIC_BASE_URL={proxy.url}/_tag/shared OPENAI_BASE_URL={proxy.url}/_tag/shared/v1" in err
     assert "llmtap run: tag shared: 3 requests (anthropic-python, openai-python, python-urllib), 0 errors" in err
+    assert " over 2 generations; " in err  # the HEAD probe has no first token
     assert found == [{"method": "HEAD", "path": "/", "tag": "shared"},
                      {"method": "POST", "path": "/v1/chat/completions", "tag": "shared"},
                      {"method": "POST", "path": "/v1/messages", "tag": "shared"}]

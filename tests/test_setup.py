@@ -33,7 +33,7 @@ def backups(path: Path) -> list[Path]:
 
 
 def test_commands_are_registered_on_llmtap() -> None:
-    assert {"setup", "run", "doctor"} <= set(main.commands)
+    assert {"setup", "run", "doctor"} <= set(main.list_commands(None))
 
 
 def test_claude_code_prints_env_block_without_v1(tmp_path: Path) -> None:

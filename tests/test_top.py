@@ -133,7 +133,7 @@ def test_no_running_proxy_is_a_clear_error() -> None:
 def test_top_is_an_llmtap_command() -> None:
     from proxy.cli import main
 
-    assert "top" in main.commands, "add `top` to COMMANDS in analysis/cli.py"
+    assert "top" in main.list_commands(None), "add `top` to COMMANDS in proxy/cli.py"
 
 
 # -- the real thing: llmtap serve + mock-upstream processes, top in tmux ---------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from proxy.schema import KINDS
+
 from ..timewindow import parse_span
 from .feed import FeedError, find_proxy
 
@@ -24,13 +26,21 @@ def _window(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--window", "window_s", default="5m", show_default=True, callback=_window,
               help="Span of the rolling percentiles and error counts (30s, 5m, 1h).")
 @click.option("--once", is_flag=True, help="Print one frame to stdout and exit (for scripts).")
-def top(url: str | None, admin_token: str | None, interval: float, window_s: float, once: bool) -> None:
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="Show finished requests of this kind (repeatable; default: generation).")
+@click.option("--all", "all_kinds", is_flag=True, help="Show every kind: token counts, probes, model lists, ...")
+def top(url: str | None, admin_token: str | None, interval: float, window_s: float, once: bool,
+        kinds: tuple[str, ...], all_kinds: bool) -> None:
     """A live view of the running proxy: in flight, finished, percentiles, sessions.
 
     Refreshes a few times a second; q or Ctrl-C quits. The percentiles and
     error counts cover the last --window; sessions count every request seen
-    since top started.
+    since top started. Finished requests are generations unless --kind or
+    --all (the errors line counts the others).
     """
+    if kinds and all_kinds:
+        raise click.UsageError("give --kind or --all, not both")
+    chosen = () if all_kinds else kinds or ("generation",)
     from proxy.server import run
 
     from . import run as runner
@@ -38,9 +48,9 @@ def top(url: str | None, admin_token: str | None, interval: float, window_s: flo
     try:
         proxy = find_proxy(url, admin_token)
         if once:
-            lines = run(lambda: runner.once(proxy, window_s))
+            lines = run(lambda: runner.once(proxy, window_s, chosen))
             click.echo("\n".join(line.text for line in lines))
         else:
-            run(lambda: runner.live(proxy, window_s, interval))
+            run(lambda: runner.live(proxy, window_s, interval, chosen))
     except FeedError as exc:
         raise click.ClickException(str(exc)) from None

@@ -6,7 +6,9 @@ window does not depend on this machine's clock. Conventions follow
 `llmtap report`: percentiles (linear interpolation, like numpy) are over
 successful requests, TTFT only over streams; errors are every outcome but
 `ok`. Sessions are the tool's own session id and count every request seen
-since top started (and the backfilled window).
+since top started (and the backfilled window). Finished requests of other
+kinds than `kinds` (default: generations; token counts, probes, model lists
+and prewarms take milliseconds) are only counted, in `other_total`.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.request_kind import path_kind
 from proxy.stats import quantile as _sorted_quantile
 
 Row = dict[str, Any]
 RECENT = 50
 MAX_SESSIONS = 500
+MAX_OTHER_IDS = 10_000
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
@@ -31,6 +35,11 @@ def quantile(values: list[float], q: float) -> float | None:
 def ended(row: Row) -> float:
     """When a finished request ended, in epoch seconds."""
     return (row.get("started") or 0.0) + (row.get("e2e_ms") or 0.0) / 1000
+
+
+def kind_of(row: Row) -> str:
+    """The row's kind; from its method and path when the proxy did not say (an older llmtap)."""
+    return row.get("kind") or path_kind(row.get("method") or "POST", row.get("path") or "")
 
 
 def is_ok(row: Row) -> bool:
@@ -100,8 +109,12 @@ def _total(rows: list[Row], column: str) -> int | None:
 
 
 class TopModel:
-    def __init__(self, window_s: float = 300.0, recent: int = RECENT) -> None:
+    def __init__(self, window_s: float = 300.0, recent: int = RECENT,
+                 kinds: tuple[str, ...] = ("generation",)) -> None:
         self.window_s = window_s
+        self.kinds = kinds  # () is every kind
+        self.other_total = 0  # finished requests of other kinds, not shown
+        self._other_ids: dict[Any, None] = {}
         self.now: float | None = None
         self.inflight: list[Row] = []
         self.recent: deque[Row] = deque(maxlen=recent)  # newest last
@@ -131,12 +144,24 @@ class TopModel:
         for row in rows:
             if row.get("id") in self.ids:
                 continue
+            if self.kinds and kind_of(row) not in self.kinds:
+                self._other(row.get("id"))
+                continue
             self.ids.add(row.get("id"))
             self.finished_total += 1
             self.recent.append(row)
             self.window.append(row)
             if row.get("session_id"):
                 self._session(row["session_id"]).add(row)
+
+    def _other(self, row_id: Any) -> None:
+        """Count a request of another kind once (a backfilled one comes twice); ids kept bounded."""
+        if row_id in self._other_ids:
+            return
+        self._other_ids[row_id] = None
+        if len(self._other_ids) > MAX_OTHER_IDS:
+            del self._other_ids[next(iter(self._other_ids))]
+        self.other_total += 1
 
     def disconnected(self) -> None:
         """The feed is gone: nothing is known to be in flight any more."""

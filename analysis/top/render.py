@@ -3,7 +3,9 @@
 A frame is a title line, then sections, each a heading line (the section's
 name in the first column, the column names after it) and its rows. When the
 rows do not all fit, every section gets rows in turn, one at a time, so each
-keeps some. Columns that do not fit the width are dropped from the right.
+keeps some. A column marked `grow` (the tool) widens to its longest value, up
+to `MAX_GROW`, before the first column takes the rest. Columns that do not
+fit the width are dropped from the right.
 `frame` returns `Line`s; the terminal writer styles headings, `--once`
 prints them plain.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, truncate
@@ -20,6 +22,7 @@ from ..report import fmt_wall
 from .model import GroupStats, SessionStats, TopModel
 
 MIN_LABEL = 10
+MAX_GROW = 18
 NONE = "(none)"
 
 
@@ -34,6 +37,7 @@ class Column:
     header: str
     width: int
     right: bool = True
+    grow: bool = False  # widen to the longest value (up to MAX_GROW)
 
 
 @dataclass
@@ -49,7 +53,8 @@ def _cell(text: str, column: Column) -> str:
 
 def table(name: str, columns: Sequence[Column], rows: Sequence[tuple[str, Sequence[str]]], width: int) -> Section:
     """A section: first column `name` over the row labels (as wide as the rest leaves), then `columns`."""
-    columns = list(columns)
+    columns = [replace(c, width=min(MAX_GROW, max(c.width, *(len(cells[i]) for _, cells in rows))))
+               if c.grow and rows else c for i, c in enumerate(columns)]
     while columns and width - sum(c.width + 1 for c in columns) < MIN_LABEL:
         columns.pop()
     label_width = max(width - sum(c.width + 1 for c in columns), 1)
@@ -73,13 +78,13 @@ def _rate(x: float | None) -> str:
 
 # -- the sections ----------------------------------------------------------------
 
-INFLIGHT = (Column("tool", 11, False), Column("session", 9, False), Column("elapsed", 7),
+INFLIGHT = (Column("tool", 11, False, grow=True), Column("session", 9, False), Column("elapsed", 7),
             Column("ttft", 7), Column("tokens", 6), Column("tok/s", 6))
-FINISHED = (Column("tool", 11, False), Column("session", 9, False), Column("result", 10, False),
+FINISHED = (Column("tool", 11, False, grow=True), Column("session", 9, False), Column("result", 10, False),
             Column("ttft", 7), Column("e2e", 7), Column("out", 6), Column("tok/s", 6))
 GROUP = (Column("reqs", 5), Column("err", 4), Column("ttft50", 7), Column("ttft95", 7),
          Column("tpot50", 7), Column("tpot95", 7), Column("e2e50", 7), Column("e2e95", 7))
-SESSIONS = (Column("tool", 11, False), Column("reqs", 6), Column("ttft tot", 8), Column("ttft95", 7),
+SESSIONS = (Column("tool", 11, False, grow=True), Column("reqs", 6), Column("ttft tot", 8), Column("ttft95", 7),
             Column("in", 6), Column("out", 6), Column("cache%", 6), Column("wall", 7))
 
 
@@ -126,6 +131,8 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
     ok = counts.pop("ok", 0)
     parts = [f"{outcome} {n}" for outcome, n in counts.most_common()] or ["none"]
     text = f"errors {window}  " + "  ".join(parts) + f"   (ok {ok})"
+    if model.other_total:  # finished requests of other kinds than those shown
+        text += f"   {model.other_total} other kinds not shown (--all)"
     return Section(Line(truncate(text, width), heading=True), [])
 
 

@@ -65,9 +65,9 @@ def _size() -> tuple[int, int]:
     return size.columns, size.lines
 
 
-async def once(proxy: Proxy, window_s: float) -> list[Line]:
+async def once(proxy: Proxy, window_s: float, kinds: tuple[str, ...] = ("generation",)) -> list[Line]:
     """One frame from the first tick (and the backfilled window)."""
-    model = TopModel(window_s)
+    model = TopModel(window_s, kinds=kinds)
     async with aiohttp.ClientSession() as session:
         try:
             async with aclosing(ticks(session, proxy)) as feed:
@@ -83,9 +83,9 @@ async def once(proxy: Proxy, window_s: float) -> list[Line]:
     return frame(model, width, height, _label(proxy))
 
 
-async def live(proxy: Proxy, window_s: float, interval_s: float) -> None:
+async def live(proxy: Proxy, window_s: float, interval_s: float, kinds: tuple[str, ...] = ("generation",)) -> None:
     """Redraw every `interval_s` until q, Ctrl-C, Ctrl-D or SIGTERM; the terminal is restored after."""
-    model, link = TopModel(window_s), Link()
+    model, link = TopModel(window_s, kinds=kinds), Link()
     quit_, wake = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,5 +1,8 @@
 """What one `llmtap run` did: its requests' count, errors, TTFT and tokens.
 
+TTFT is over generations (the `kind` column): a tool's token counts, probes
+and model lists answer in milliseconds and are no first token.
+
 Queries go through `analysis.source` (the database file, or the running
 `llmtap serve` that holds it); without the analysis package, straight to the
 proxy's admin endpoint POST /_llmtap/sql.
@@ -41,7 +44,9 @@ def window_filter(start: datetime, end: datetime) -> str:
 def totals_sql(where: str) -> str:
     return (
         "SELECT count(*) AS requests, count(*) FILTER (WHERE outcome <> 'ok') AS errors, "
-        "quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms, quantile_cont(ttft_ms, 0.95) AS ttft_p95_ms, "
+        "count(*) FILTER (WHERE kind = 'generation') AS generations, "
+        "quantile_cont(ttft_ms, 0.5) FILTER (WHERE kind = 'generation') AS ttft_p50_ms, "
+        "quantile_cont(ttft_ms, 0.95) FILTER (WHERE kind = 'generation') AS ttft_p95_ms, "
         "sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens, "
         "string_agg(DISTINCT tool, ', ' ORDER BY tool) AS tools "
         f"FROM requests WHERE {where}"
@@ -60,6 +65,7 @@ def errors_sql(where: str) -> str:
 class Totals:
     requests: int
     errors: int
+    generations: int
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
     input_tokens: int | None
@@ -123,7 +129,8 @@ def render(label: str, t: Totals, errors: list[dict[str, Any]]) -> str:
         f"{t.errors} error{'s' if t.errors != 1 else ''}",
     ]
     if t.requests:
-        lines.append(f"  TTFT p50 {_ms(t.ttft_p50_ms)}, p95 {_ms(t.ttft_p95_ms)}; "
+        over = f"{t.generations} generation{'s' if t.generations != 1 else ''}"
+        lines.append(f"  TTFT p50 {_ms(t.ttft_p50_ms)}, p95 {_ms(t.ttft_p95_ms)} over {over}; "
                      f"tokens in {_count(t.input_tokens)}, out {_count(t.output_tokens)}")
     for e in errors:
         kind = e["error_type"] or e["outcome"]

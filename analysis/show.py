@@ -1,0 +1,143 @@
+"""`llmtap show ID`: one request whole: what it was, its timing as a small text chart, its output
+events over time, its error, and every recorded column.
+
+`ID` is any unique prefix of a request id (the `report`'s slowest list prints the shortest that
+tell its rows apart). The chart puts each timing mark on one scale from the request's arrival
+(0) to its end (`e2e_ms`); the events line is a histogram of the `chunks` table's offsets on the
+same scale, one character per column.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from .filters import sql_string
+from .formatting import cell, dumps, fmt_ms, short_ids
+from .source import Source
+from .views import DERIVED_COLUMNS
+
+MAX_MATCHES = 5
+CHART_WIDTH = 50
+BARS = " ▁▂▃▄▅▆▇█"
+# (column, label) of the marks on the chart, in the order they happen
+MARKS = (
+    ("proxy_overhead_ms", "upstream sent"),
+    ("upstream_headers_ms", "headers"),
+    ("first_byte_ms", "first byte"),
+    ("ttft_ms", "first token"),
+    ("first_text_ms", "first text"),
+    ("last_token_ms", "last token"),
+    ("e2e_ms", "end"),
+)
+_ID_CHARS = frozenset(string.hexdigits + "-")
+
+
+class ShowError(Exception):
+    """No request, or several, match the id; the message is for the user."""
+
+
+@dataclass
+class Shown:
+    row: dict[str, Any]
+    chunks: list[dict[str, Any]]  # seq, offset_ms, bytes, event_type
+
+
+def find(source: Source, prefix: str) -> Shown:
+    """The request whose id starts with `prefix` (it must be the only one), and its chunks."""
+    prefix = prefix.strip().lower()
+    if not prefix or not set(prefix) <= _ID_CHARS:
+        raise ShowError(f"{prefix!r} is not a request id: ids are hex digits (see `llmtap report`)")
+    derived = ", ".join(DERIVED_COLUMNS)
+    columns, _, rows = source.query(
+        f"SELECT * EXCLUDE ({derived}) FROM requests WHERE starts_with(lower(id), {sql_string(prefix)})"
+        f" ORDER BY started_at, id LIMIT {MAX_MATCHES + 1}"
+    )
+    if not rows:
+        raise ShowError(f"no request id starts with {prefix}")
+    if len(rows) > 1:
+        ids = short_ids([r[columns.index("id")] for r in rows[:MAX_MATCHES]], len(prefix) + 1)
+        more = "more than " if len(rows) > MAX_MATCHES else ""
+        raise ShowError(f"{prefix} matches {more}{min(len(rows), MAX_MATCHES)} requests"
+                        f" ({', '.join(ids)}{', ...' if more else ''}): give more of the id")
+    row = dict(zip(columns, rows[0]))
+    columns, _, rows = source.query(
+        "SELECT seq, offset_ms, bytes, event_type FROM chunks"
+        f" WHERE request_id = {sql_string(row['id'])} ORDER BY seq"
+    )
+    return Shown(row, [dict(zip(columns, r)) for r in rows])
+
+
+# -- rendering -------------------------------------------------------------------
+
+def _scale(row: dict[str, Any], chunks: list[dict[str, Any]]) -> float:
+    ends = [row.get(c) for c, _ in MARKS] + [c["offset_ms"] for c in chunks[-1:]]
+    return max((v for v in ends if v is not None), default=0.0) or 1.0
+
+
+def timing_chart(row: dict[str, Any], chunks: list[dict[str, Any]], width: int = CHART_WIDTH) -> list[str]:
+    """One line per known mark (a bar from arrival to it), then the events histogram."""
+    scale = _scale(row, chunks)
+    lines = []
+    for column, label in MARKS:
+        value = row.get(column)
+        if value is not None:
+            bar = "=" * max(1, round(width * value / scale)) if value > 0 else ""
+            lines.append(f"  {label:<14} |{bar:<{width}} {fmt_ms(value):>7}")
+    if chunks:
+        lines.append(f"  {'events':<14} |{event_bars(chunks, scale, width)} {len(chunks):>7}")
+        kinds: dict[str, int] = {}
+        for c in chunks:
+            kinds[c["event_type"] or "?"] = kinds.get(c["event_type"] or "?", 0) + 1
+        lines.append(f"  {'':<14}  " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+                     + f"; gaps p50 {fmt_ms(row.get('gap_p50_ms'))}, max {fmt_ms(row.get('gap_max_ms'))}")
+    return lines
+
+
+def event_bars(chunks: list[dict[str, Any]], scale: float, width: int = CHART_WIDTH) -> str:
+    """The events' offsets as a histogram over `width` columns spanning 0..`scale` ms."""
+    counts = [0] * width
+    for c in chunks:
+        counts[min(width - 1, max(0, int(width * (c["offset_ms"] or 0) / scale)))] += 1
+    top = max(counts)
+    return "".join(BARS[0] if n == 0 else BARS[max(1, round(n * (len(BARS) - 1) / top))] for n in counts)
+
+
+def _summary(row: dict[str, Any]) -> list[str]:
+    model = row.get("request_model") or "-"
+    answered = row.get("response_model")
+    if answered and answered != model:
+        model += f" -> {answered}"
+    started = row.get("started_at")
+    when = started.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC" if hasattr(started, "strftime") else cell(started)
+    stream = "stream" if row.get("stream") else "no stream"
+    return [
+        f"request {row['id']}",
+        f"  {row.get('method')} {row.get('path')}  {row.get('kind') or '-'}  {row.get('dialect') or '-'}  {stream}",
+        f"  {when}  tool {row.get('tool') or '-'}  model {model}",
+        f"  status {cell(row.get('status')) or '-'}  outcome {row.get('outcome') or '-'}"
+        f"  tokens in {cell(row.get('input_tokens')) or '-'}, out {cell(row.get('output_tokens')) or '-'}",
+    ]
+
+
+def to_text(shown: Shown) -> str:
+    row = shown.row
+    lines = _summary(row)
+    if row.get("error_type") or row.get("error_message"):
+        lines.append(f"  error {row.get('error_type') or '-'}: {row.get('error_message') or ''}".rstrip())
+    for column in ("parse_error", "request_parse_error"):
+        if row.get(column):
+            lines.append(f"  {column} {row[column]}")
+    lines += ["", "timing (ms from arrival at the proxy)", *timing_chart(row, shown.chunks), "", "columns"]
+    known = [(name, cell(value)) for name, value in row.items() if value is not None]
+    width = max(len(name) for name, _ in known)
+    lines += [f"  {name:<{width}}  {value}" for name, value in known]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(shown: Shown) -> str:
+    return dumps({"request": shown.row, "chunks": shown.chunks})
+
+
+RENDERERS = {"table": to_text, "json": to_json}
