@@ -17,12 +17,12 @@ from click.testing import CliRunner
 from proxy import egress
 from proxy.app import routes_banner
 from proxy.cli import main
-from proxy.config import ConfigError, ServeConfig
+from proxy.config import ConfigError, ServeConfig, build
 from proxy.relay_state import ProxyState
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.tools.doctor import Options, diagnose
+from proxy.tools.doctor import Options, diagnose, forward_proxy
 
 from .conftest import proxy_config, rows
 from .forward_proxy import ForwardProxy, needs_forward_proxy
@@ -112,6 +112,23 @@ def test_route_table_puts_the_proxy_on_each_route(monkeypatch: pytest.MonkeyPatc
     assert SECRET not in banner
     with pytest.raises(ConfigError, match="a proxy is configured for route.* that do not exist: /nope"):
         ServeConfig(upstream="https://api.openai.com", route_proxy={"/nope": "none"}).route_table()
+
+
+def test_config_file_keys_and_doctor_resolve_the_same_proxy(tmp_path: Path) -> None:
+    path = tmp_path / "llmtap.toml"
+    path.write_text('upstream = "https://api.openai.com"\nupstream_proxy = "http://proxy.corp:3128"\n'
+                    '[routes]\n"/local" = "http://10.0.0.5:8000"\n"/eu" = "https://eu.example.com"\n'
+                    '[route_proxy]\n"/local" = "none"\n')
+    config = build(path, {"route_proxy": {"/eu": "http://eu-proxy.corp:8080"}})  # flags merge into the table
+    assert config.route_proxy == {"/local": "none", "/eu": "http://eu-proxy.corp:8080"}
+    by_prefix = {r.prefix: r.proxy for r in config.route_table().routes}
+    assert {k: str(v) if v else None for k, v in by_prefix.items()} == {
+        "": "http://proxy.corp:3128", "/local": None, "/eu": "http://eu-proxy.corp:8080"}
+    found = {url: forward_proxy(url, {}, config) for url in ("https://api.openai.com", "http://10.0.0.5:8000",
+                                                              "https://eu.example.com")}
+    assert {url: (p.url, p.source) if p else None for url, p in found.items()} == {
+        "https://api.openai.com": ("http://proxy.corp:3128", "upstream_proxy"), "http://10.0.0.5:8000": None,
+        "https://eu.example.com": ("http://eu-proxy.corp:8080", "route_proxy /eu")}
 
 
 def test_print_config_hides_proxy_credentials(tmp_path: Path) -> None:
