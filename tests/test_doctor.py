@@ -71,6 +71,16 @@ OK    upstream http://127.0.0.1:{sim_port}: GET /v1/models with OPENAI_API_KEY: 
 """
 
 
+async def test_the_running_proxys_port_and_database_are_checked_not_the_defaults(sim: Simulator,
+                                                                                  tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path, db=str(tmp_path / "elsewhere.duckdb"))) as proxy:
+        write_state(proxy)
+        code, out, err = await llmtap("doctor", "--upstream", sim.url, env=clean_env(tmp_path))
+    assert f"OK    port {proxy.port} on 127.0.0.1: used by the running llmtap serve" in out.splitlines(), out + err
+    assert f"OK    database {tmp_path / 'elsewhere.duckdb'}: held by the running llmtap serve" in out
+    assert "port 8787" not in out
+
+
 async def test_port_in_use_and_database_locked_by_others(sim: Simulator, tmp_path: Path) -> None:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as proxy:  # no state file: not "ours"
         db = proxy.config.db_path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .. import config as cfg
 from .. import egress
@@ -47,8 +48,11 @@ def diagnose(options: Options) -> list[Check]:
     checks += env_checks.api_keys(options.env)
     checks += env_checks.base_urls(options.env, live)
     checks.append(local_checks.running_proxy(live))
+    # the running proxy's port and database, not the defaults, unless asked for others
+    port = options.port or (urlsplit(live.url).port if live is not None else None)
+    db = options.db or (live.db if live is not None else None)
     try:
-        config: cfg.ServeConfig | None = cfg.build(options.config_path, {"db": options.db, "port": options.port})
+        config: cfg.ServeConfig | None = cfg.build(options.config_path, {"db": db, "port": port})
     except cfg.ConfigError as exc:
         config = None
         checks.append(fail("config file", str(exc), "fix the file, or point --config at another one"))
