@@ -26,7 +26,7 @@ import pytest
 
 TARGET = Path(sys.prefix) / "forward-proxy"
 _ACCESS = re.compile(r"access_log:\d+ - \S+ - ([A-Z]+ \S+)")
-INSTALL = f"{sys.executable} -m pip install --target {TARGET} proxy.py"
+INSTALL = f"{sys.executable} -m pip install --target {TARGET} proxy.py==2.4.10"
 
 
 def available() -> bool:
