@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import socket
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -317,6 +320,9 @@ async def test_capacity_slows_tokens_when_exceeded() -> None:
     assert 1.5 * solo_ms < pair_ms < 320  # delays doubled at 2 streams / capacity 1 (loose: CI machines are busy)
 
 
+SYNC_FLUSH = b"\x00\x00\xff\xff"
+
+
 async def test_gzip_streams_and_bodies(sim: Simulator) -> None:
     headers = {"x-sim-gzip": "1", "accept-encoding": "gzip", "x-sim-itl-ms": "10"}
     url = sim.url + "/v1/chat/completions"
@@ -326,10 +332,14 @@ async def test_gzip_streams_and_bodies(sim: Simulator) -> None:
             chunks = [chunk async for chunk in resp.content.iter_any()]
         async with session.post(url, json=CHAT, headers=headers) as resp:
             whole = json.loads(gzip.decompress(await resp.read()))
-    # each event is flushed on its own: every read decompresses to whole events
+    # each event is flushed on its own (Z_SYNC_FLUSH ends with an empty stored block, 00 00 ff ff), so
+    # whatever the reads (a busy machine joins several writes in one), every flush holds whole events
+    raw = b"".join(chunks)
+    flushes = raw.split(SYNC_FLUSH)[:-1]
     decompressor = zlib.decompressobj(wbits=31)
-    assert len(chunks) >= 6 and all(decompressor.decompress(chunk).endswith(b"\n\n") for chunk in chunks)
-    body = gzip.decompress(b"".join(chunks))
+    out = [decompressor.decompress(piece + SYNC_FLUSH) for piece in flushes]
+    assert len(out) >= 6 and all(piece.endswith(b"\n\n") and piece.count(b"data: ") == 1 for piece in out)
+    body = gzip.decompress(raw)
     assert body.endswith(b"data: [DONE]\n\n")
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in sse_events(body)) == expected_text(5)
     assert whole["choices"][0]["message"]["content"] == expected_text(5)
@@ -397,3 +407,15 @@ async def test_websocket_prewarm_generates_nothing() -> None:
                     kinds.append(event["type"])
     assert "response.output_text.delta" not in kinds
     assert event["response"]["usage"]["output_tokens"] == 0
+
+
+def test_mock_upstream_on_a_busy_port_says_so_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "proxy", "mock-upstream", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}: ") and "in use" in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

@@ -65,3 +65,5 @@ def mock_upstream(host: str, port: int, **fields: Any) -> None:
         _run(_serve(SimConfig(**fields), host, port))
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # the port is taken, or the address is not this machine's: one line, as serve says it
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
