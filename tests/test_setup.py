@@ -251,3 +251,43 @@ async def test_default_base_url_is_the_running_proxy(sim: Simulator, tmp_path: P
     assert out.splitlines()[0] == f"export OPENAI_BASE_URL={proxy.url}/v1"
     code, out = invoke(tmp_path, "openai-sdk")  # serve.json names a proxy that no longer answers
     assert out.splitlines()[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8787/v1"
+
+
+async def test_where_the_proxy_injects_the_key_each_tool_gets_the_client_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`setup` gives each tool llmtap's client key; a request made the way the tool makes it then
+    passes the proxy's check, and the real key reaches the upstream."""
+    import aiohttp
+
+    from proxy.client_key import client_key
+
+    from .upstreams import Script, ScriptedUpstream
+
+    monkeypatch.setenv("REAL_KEY", "sk-real-upstream-key-for-setup-0123456789")
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path, upstream_key_env="REAL_KEY")) as proxy:
+            write_state(proxy)
+            key = client_key()
+            outputs = {tool: await asyncio.to_thread(invoke, tmp_path, tool, "--write")
+                       for tool in ("claude-code", "codex", "cline")}
+            code, sdk = await asyncio.to_thread(invoke, tmp_path, "openai-sdk")
+            code2, anthropic_sdk = await asyncio.to_thread(invoke, tmp_path, "anthropic-sdk")
+            claude = json.loads((tmp_path / ".claude" / "settings.json").read_text())["env"]
+            codex = tomllib.loads((tmp_path / ".codex" / "config.toml").read_text())["model_providers"]["llmtap"]
+            cline = json.loads((tmp_path / ".cline" / "data" / "settings" / "providers.json").read_text())
+            sent = [("/v1/messages", {"Authorization": f"Bearer {claude['ANTHROPIC_AUTH_TOKEN']}"}),
+                    ("/v1/responses", {"Authorization": f"Bearer {codex['experimental_bearer_token']}"}),
+                    ("/v1/chat/completions",
+                     {"Authorization": f"Bearer {cline['providers']['openai-compatible']['settings']['apiKey']}"}),
+                    ("/v1/messages", {"x-api-key": cline["providers"]["anthropic"]["settings"]["apiKey"]})]
+            async with aiohttp.ClientSession() as s:
+                for path, headers in sent:
+                    async with s.post(proxy.url + path, data=b"{}", headers=headers) as r:
+                        assert r.status == 200, (path, await r.text())
+    assert all(code == 0 for code, _ in outputs.values()), outputs
+    assert "ANTHROPIC_AUTH_TOKEN is llmtap's client key" in outputs["claude-code"][1]
+    assert "env_key" not in codex and codex["base_url"] == f"{proxy.url}/v1"
+    assert (code, code2) == (0, 0)
+    assert f"export OPENAI_API_KEY={key}" in sdk.splitlines() and f"export ANTHROPIC_API_KEY={key}" in anthropic_sdk
+    assert len(up.received) == 4 and all("sk-real-upstream-key" in str(r.headers) for r in up.received)
+    assert all(key not in str(r.headers) for r in up.received)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .endpoint import DEFAULT_URL, base_urls, find_running, strip_v1
+from .endpoint import DEFAULT_URL, LiveProxy, base_urls, find_running, strip_v1
 from .setup import CODEX_LOGINS, TOOLS
 
 
@@ -26,18 +26,20 @@ from .setup import CODEX_LOGINS, TOOLS
 def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
           codex_login: str | None, cline_data_dir: Path | None) -> None:
     """Print (or --write) the config that points TOOL at llmtap."""
+    from ..client_key import SecretFileError
     from . import config_files
     from .setup import Locations, SetupError, plan
     from .setup import write as write_config
 
+    live = find_running()
     if base_url:
         urls = base_urls(strip_v1(base_url))
     else:
-        live = find_running()
         urls = base_urls(live.url, live.prefixes) if live else base_urls(DEFAULT_URL)
     where = Locations.from_env(codex_home=codex_home, cline_data_dir=cline_data_dir)
     try:
-        the_plan = plan(tool, urls, where, env_key, codex_login)
+        key = _client_key(live)
+        the_plan = plan(tool, urls, where, env_key, codex_login, key)
         if the_plan.file is not None:
             click.echo(f"# {the_plan.file}")
         click.echo(the_plan.text, nl=False)
@@ -47,13 +49,28 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
             if the_plan.file is not None:
                 click.echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key, login=codex_login)
-    except (SetupError, config_files.ConfigFileError) as exc:
+        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
+    except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
         raise click.ClickException(str(exc)) from None
     if not result.changed:
         click.echo(f"{result.path} already has this configuration: nothing written")
         return
     click.echo(f"wrote {result.path}" + (f" (backup: {result.backup})" if result.backup else " (new file)"))
+
+
+def _client_key(live: LiveProxy | None) -> str | None:
+    """llmtap's client key when the proxy injects the upstream key: the running one says so in its
+    health answer; without one running, the config file's key settings do."""
+    from .. import config as cfg
+    from ..client_key import client_key
+
+    if live is not None:
+        return client_key() if live.injects_keys else None
+    try:
+        config = cfg.build(None, {})
+    except cfg.ConfigError:
+        return None
+    return client_key() if config.upstream_key_env or config.route_key_env else None
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -13,6 +13,10 @@ Subscription logins stay as they are: Claude Code gets only its base URL (a key
 variable would replace a Claude login), and Codex on a ChatGPT login gets only
 the built-in provider's base URL (an `env_key` provider would switch it to
 API-key auth).
+
+Where the proxy injects the upstream key (`--route-key-env`), each tool gets
+llmtap's client key as its API key (proxy/client_key.py): the proxy asks for it
+before it spends the real key.
 """
 
 from __future__ import annotations
@@ -125,22 +129,29 @@ def _codex_toml(where: Locations) -> dict[str, Any]:
         return {}
 
 
+INJECTED = "llmtap's client key: the proxy puts the real upstream key in its place (--route-key-env)"
+
+
 def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
-         login: str | None = None) -> Plan:
-    """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json."""
+         login: str | None = None, client_key: str | None = None) -> Plan:
+    """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json. `client_key`:
+    the proxy injects the upstream key, so the tool presents llmtap's client key."""
     if tool == "claude-code":
-        text = config_files.json_text(claude_settings({}, urls))
+        text = config_files.json_text(claude_settings({}, urls, client_key))
+        key_note = (f"ANTHROPIC_AUTH_TOKEN is {INJECTED}" if client_key else
+                    "no key is set: a Claude subscription login keeps working (ANTHROPIC_API_KEY or "
+                    "ANTHROPIC_AUTH_TOKEN would replace it)")
         return Plan(tool, text, where.claude_settings, [
             "merged into the \"env\" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)",
             "it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable",
-            "no key is set: a Claude subscription login keeps working (ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN "
-            "would replace it)",
+            key_note,
         ])
     if tool == "codex":
         detected = codex_login(where)
         if (login or detected) == "chatgpt":
             return _codex_chatgpt_plan(urls, where)
-        notes = [f"base_url ends in /v1 (Codex appends /responses); the key comes from ${codex_env_key}",
+        key = f"experimental_bearer_token is {INJECTED}" if client_key else f"the key comes from ${codex_env_key}"
+        notes = [f"base_url ends in /v1 (Codex appends /responses); {key}",
                  "only model_provider and this table are written; the rest of the file is kept byte for byte"]
         if detected == "chatgpt":
             notes.append(f"this switches Codex from its ChatGPT login ({where.codex_auth}) to the API key in "
@@ -148,23 +159,27 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
         elif detected is None and _codex_toml(where).get("cli_auth_credentials_store") in ("keyring", "auto"):
             notes.append("Codex keeps its login in the OS keyring here, so setup cannot tell how it signs in: "
                          "on a ChatGPT login, run it with --codex-login chatgpt")
-        return Plan(tool, codex_snippet(urls, codex_env_key), where.codex_config, notes)
+        return Plan(tool, codex_snippet(urls, codex_env_key, client_key), where.codex_config, notes)
     if tool == "cline":
-        text = config_files.json_text({"providers": {p: {"settings": cline_settings(p, urls)} for p in CLINE_PROVIDERS}})
+        text = config_files.json_text({"providers": {p: {"settings": cline_settings(p, urls, client_key)}
+                                                     for p in CLINE_PROVIDERS}})
+        keys = ([f"apiKey is {INJECTED}"] if client_key else
+                ["set each provider's key and model with `cline auth` (it keeps the base URL), e.g.:",
+                 *(f"  {CLINE_AUTH_HINTS[p]}" for p in CLINE_PROVIDERS)])
         return Plan(tool, text, where.cline_providers, [
             "merged into \"providers\"; both base URLs end in /v1 (Cline appends /messages, /chat/completions, /responses)",
-            "set each provider's key and model with `cline auth` (it keeps the base URL), e.g.:",
-            *(f"  {CLINE_AUTH_HINTS[p]}" for p in CLINE_PROVIDERS),
+            *keys,
         ])
     if tool == "openai-sdk":
-        return Plan(tool, f"export OPENAI_BASE_URL={urls.openai}\n", None, [
+        return Plan(tool, f"export OPENAI_BASE_URL={urls.openai}\n" + _key_line("OPENAI_API_KEY", client_key), None, [
             "with /v1: the SDK appends chat/completions and responses to it",
             "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value",
+            *([f"OPENAI_API_KEY is {INJECTED}"] if client_key else []),
         ])
     if tool == "anthropic-sdk":
-        return Plan(tool, f"export ANTHROPIC_BASE_URL={urls.anthropic}\n", None, [
-            "no /v1: the SDK appends /v1/messages",
-        ])
+        return Plan(tool, f"export ANTHROPIC_BASE_URL={urls.anthropic}\n" + _key_line("ANTHROPIC_API_KEY", client_key),
+                    None, ["no /v1: the SDK appends /v1/messages",
+                           *([f"ANTHROPIC_API_KEY is {INJECTED}"] if client_key else [])])
     raise SetupError(f"unknown tool {tool!r}; one of: {', '.join(TOOLS)}")
 
 
@@ -184,7 +199,11 @@ def _codex_chatgpt_plan(urls: BaseUrls, where: Locations) -> Plan:
     return Plan("codex", f"openai_base_url = {toml_edit.toml_string(urls.chatgpt)}\n", where.codex_config, notes)
 
 
-def claude_settings(data: dict[str, Any], urls: BaseUrls) -> dict[str, Any]:
+def _key_line(variable: str, client_key: str | None) -> str:
+    return f"export {variable}={client_key}\n" if client_key else ""
+
+
+def claude_settings(data: dict[str, Any], urls: BaseUrls, client_key: str | None = None) -> dict[str, Any]:
     merged = copy.deepcopy(data)
     env = merged.get("env")
     if env is None:
@@ -192,25 +211,30 @@ def claude_settings(data: dict[str, Any], urls: BaseUrls) -> dict[str, Any]:
     if not isinstance(env, dict):
         raise SetupError('"env" in Claude Code\'s settings.json is not an object; fix it, then run again')
     env["ANTHROPIC_BASE_URL"] = urls.anthropic
+    if client_key:
+        env["ANTHROPIC_AUTH_TOKEN"] = client_key  # sent as Authorization: Bearer, no approval prompt
     return merged
 
 
-def codex_provider(urls: BaseUrls, env_key: str) -> dict[str, str]:
-    return {"name": "llmtap", "base_url": urls.openai, "env_key": env_key, "wire_api": "responses"}
+def codex_provider(urls: BaseUrls, env_key: str, client_key: str | None = None) -> dict[str, str]:
+    """Codex's provider table; with a client key, the key itself (`experimental_bearer_token`,
+    codex-rs ModelProviderInfo) instead of a variable to read it from."""
+    key = {"experimental_bearer_token": client_key} if client_key else {"env_key": env_key}
+    return {"name": "llmtap", "base_url": urls.openai, **key, "wire_api": "responses"}
 
 
-def codex_snippet(urls: BaseUrls, env_key: str) -> str:
+def codex_snippet(urls: BaseUrls, env_key: str, client_key: str | None = None) -> str:
     lines = [f"model_provider = {toml_edit.toml_string(CODEX_PROVIDER)}", "",
              f"[model_providers.{CODEX_PROVIDER}]"]
-    lines += [f"{k} = {toml_edit.toml_string(v)}" for k, v in codex_provider(urls, env_key).items()]
+    lines += [f"{k} = {toml_edit.toml_string(v)}" for k, v in codex_provider(urls, env_key, client_key).items()]
     return "\n".join(lines) + "\n"
 
 
-def cline_settings(provider: str, urls: BaseUrls) -> dict[str, str]:
-    return {"provider": provider, "baseUrl": urls.openai}
+def cline_settings(provider: str, urls: BaseUrls, client_key: str | None = None) -> dict[str, str]:
+    return {"provider": provider, "baseUrl": urls.openai, **({"apiKey": client_key} if client_key else {})}
 
 
-def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime) -> dict[str, Any]:
+def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime, client_key: str | None = None) -> dict[str, Any]:
     """Each provider entry gets its base URL; keys, models and other entries are kept.
 
     Cline ignores the whole file when an entry lacks `updatedAt`, so a changed
@@ -229,7 +253,7 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime) -> dict[str
         settings = entry.get("settings")
         if not isinstance(settings, dict):
             settings = entry["settings"] = {}
-        wanted = cline_settings(provider, urls)
+        wanted = cline_settings(provider, urls, client_key)
         if all(settings.get(k) == v for k, v in wanted.items()) and "updatedAt" in entry:
             continue
         settings.update(wanted)
@@ -239,10 +263,11 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime) -> dict[str
 
 
 def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
-          now: datetime | None = None, login: str | None = None) -> config_files.WriteResult:
+          now: datetime | None = None, login: str | None = None, client_key: str | None = None
+          ) -> config_files.WriteResult:
     """Merge the tool's configuration into its file (backup first; no change, no write)."""
     now = now or datetime.now(timezone.utc)
-    the_plan = plan(tool, urls, where, codex_env_key, login)
+    the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
     path = the_plan.file
     if path is None:
         raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
@@ -255,7 +280,7 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
             else:
                 new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
                                                   ("model_providers", CODEX_PROVIDER),
-                                                  codex_provider(urls, codex_env_key))
+                                                  codex_provider(urls, codex_env_key, client_key))
         except toml_edit.tomllib.TOMLDecodeError as exc:
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
@@ -263,7 +288,8 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
         return config_files.replace(path, old, new, now)
     old_text = config_files.read_text(path)
     data = config_files.read_json_object(path)
-    merged = claude_settings(data or {}, urls) if tool == "claude-code" else cline_merge(data or {}, urls, now)
+    merged = (claude_settings(data or {}, urls, client_key) if tool == "claude-code"
+              else cline_merge(data or {}, urls, now, client_key))
     if data is not None and merged == data:
         return config_files.WriteResult(path, False, None)
     return config_files.replace(path, old_text, config_files.json_text(merged), now)
