@@ -45,6 +45,8 @@ def scatter_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any
         for model, rows in group_rows(data["scatter"]).items()
     ]
     note = "Each dot is a request (a sample of at most 5,000 per model); lines are least-squares fits."
+    if any((row["ttft_ms_per_1k_input"] or 0) < 0 for row in data["summary"] if row["model"] in colors):
+        note += " A line falling to the right is no prefill cost: caching, or too little spread in input sizes."
     return spec("ttft-input", "scatter", "TTFT against input tokens", "input tokens", "TTFT (ms)", note, series)
 
 

@@ -92,13 +92,19 @@ SUMMARY_HEAD = (
 )  # fmt: skip
 
 
+NEGATIVE_SLOPE = ("* negative: TTFT did not grow with input here (prompt caching, or too little spread in"
+                  " input sizes); not a prefill cost.")
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
     head = "".join(f"<th>{name}<small>{unit}</small></th>" for name, unit in SUMMARY_HEAD)
     body = "".join(summary_row(row, i) for i, row in enumerate(rows))
+    negative = any((row["ttft_ms_per_1k_input"] or 0) < 0 for row in rows)
     return (
         '<section class="panel"><h2>Per model</h2>'
         '<p class="note">Latencies and tokens/s over successful requests (TTFT over streams); '
-        "errors are every outcome but <code>ok</code>; prefill is the TTFT slope against input tokens.</p>"
+        "errors are every outcome but <code>ok</code>; prefill is the TTFT slope against input tokens."
+        + (f" {NEGATIVE_SLOPE}" if negative else "") + "</p>"
         f'<div class="scroll"><table class="num"><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table></div></section>"
     )
@@ -114,10 +120,16 @@ def summary_row(row: dict[str, Any], index: int) -> str:
         fmt_count(row["requests"]), fmt_pct(row["error_pct"]),
         fmt_ms(ttft[0]), fmt_ms(ttft[1]), fmt_ms(ttft[2]),
         fmt_ms(tpot[0]), fmt_ms(tpot[1]), fmt_ms(e2e[0]), fmt_ms(e2e[1]),
-        fmt_rate(row["tokens_per_s"]), fmt_ms(row["ttft_ms_per_1k_input"]),
+        fmt_rate(row["tokens_per_s"]), fmt_slope(row["ttft_ms_per_1k_input"]),
         fmt_tokens(row["input_tokens"]), fmt_tokens(row["output_tokens"]),
     )  # fmt: skip
     return f'<tr{css}><th scope="row">{name}</th>' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def fmt_slope(ms_per_1k: float | None) -> str:
+    """The prefill slope; a negative one is marked (see NEGATIVE_SLOPE)."""
+    text = fmt_ms(ms_per_1k)
+    return f'<span title="{html.escape(NEGATIVE_SLOPE)}">{text}*</span>' if ms_per_1k is not None and ms_per_1k < 0 else text
 
 
 def error_table(rows: list[dict[str, Any]], total: int) -> str:

@@ -15,7 +15,8 @@ was the runner-up: prettier defaults, four times the size, slower on big scatter
 
 After drawing, the page sets `window.__llmtapChartsDrawn` to the number of
 charts drawn (and `window.__llmtapChartsExpected` to the number it meant to
-draw), so a headless browser can check it.
+draw), so a headless browser can check it; `window.__llmtapYTicks` holds each
+chart's y axis labels as last drawn (counts get whole-number ticks only).
 """
 
 from __future__ import annotations

@@ -247,6 +247,40 @@ async def test_tiny_reports_open_without_errors(rows_sql: str, charts: int, tmp_
     assert all(n > 0 for n in seen["pixels"]), seen["pixels"]
 
 
+# Two models, 12 minutes: m-neg's TTFT falls as its input grows (a negative "prefill" slope); one 429.
+SMALL_SQL = """INSERT INTO requests (id, started_at, request_model, stream, status, outcome,
+    ttft_ms, tpot_ms, e2e_ms, output_tokens_per_s, input_tokens, output_tokens)
+SELECT 'small-' || i, TIMESTAMPTZ '2025-06-01 12:00:00+00' + to_seconds(i * 60),
+    CASE WHEN i % 2 = 0 THEN 'm-neg' ELSE 'm-b' END, true,
+    CASE WHEN i = 5 THEN 429 ELSE 200 END, CASE WHEN i = 5 THEN 'http_error' ELSE 'ok' END,
+    CASE WHEN i % 2 = 0 THEN 1000 - 20 * i ELSE 300 + 5 * i END, 10, 2000, 50, 1000 * (i + 1), 100
+FROM range(24) r(i)"""
+
+
+@needs_chromium
+async def test_counts_have_whole_ticks_legends_no_dashes_and_a_negative_slope_a_caveat(tmp_path: Path) -> None:
+    con = duckdb.connect()
+    con.execute(create_tables_sql())
+    con.execute(SMALL_SQL)
+    page = render_html(duckdb_query(con))
+    assert "* negative: TTFT did not grow with input here" in page
+    assert "A line falling to the right is no prefill cost" in page
+    path = tmp_path / "small.html"
+    path.write_text(page, encoding="utf-8")
+    async with asyncio.timeout(60), Chromium(CHROMIUM, width=1400, height=1000) as browser:
+        await browser.open(path.as_uri())
+        await browser.wait_for("window.__llmtapChartsDrawn === window.__llmtapChartsExpected", 10)
+        ticks = await browser.evaluate("window.__llmtapYTicks.errors")
+        for x, y in await browser.evaluate(CHART_CENTRES_JS):
+            await browser.evaluate(NEXT_FRAME_JS)
+            await browser.mouse_move(x, y)
+            await browser.evaluate(NEXT_FRAME_JS)
+        legends = await browser.evaluate(LEGENDS_JS)
+    assert browser.errors == []
+    assert ticks and all(t.isdigit() for t in ticks), ticks  # one 429: ticks 0 and 1, never 0.5
+    assert legends and not [text for text in legends if "--" in text], legends
+
+
 def test_renders_through_the_cli_source_and_filters(tmp_path: Path) -> None:
     """The way `llmtap report --html` calls it: a read-only `Source` (views shadow the table)."""
     build_fixture_db(tmp_path / "fixture.duckdb")

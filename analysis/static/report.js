@@ -8,6 +8,7 @@
   var plots = [];
   window.__llmtapChartsExpected = payload.charts.length;
   window.__llmtapChartsDrawn = 0;
+  window.__llmtapYTicks = {};  // chart id -> its y axis labels as last drawn (for tests)
 
   function color(index) {
     return index >= 0 && index < payload.palette.length ? payload.palette[index] : payload.other;
@@ -82,9 +83,16 @@
     return Object.assign(base, extra || {});
   }
 
+  // A series without a point under the cursor shows nothing in the legend (uPlot's default is "--").
+  function legendValue(u, v) { return v == null ? "" : compact(v); }
+
   function line(s) {
-    return { label: s.label, stroke: color(s.color), width: 2, spanGaps: true, points: { show: false } };
+    return { label: s.label, stroke: color(s.color), width: 2, spanGaps: true, points: { show: false },
+             value: legendValue };
   }
+
+  // Counts: whole-number ticks only.
+  var COUNT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 1e7];
 
   function scatterOpts(chart) {
     return {
@@ -161,7 +169,7 @@
   function stepsOpts(chart) {
     return {
       scales: { x: { time: false, range: fromZero }, y: { range: fromZero } },
-      series: [{ label: chart.x }].concat(chart.series.map(function (s) {
+      series: [{ label: chart.x, value: legendValue }].concat(chart.series.map(function (s) {
         var opt = line(s);
         opt.paths = uPlot.paths.stepped({ align: 1 });
         opt.fill = fade(color(s.color), 0.06);
@@ -199,6 +207,7 @@
         values: function (u, splits) { return splits.map(function (i) { return cats[i]; }); },
         rotate: cats.length > 4 ? -25 : 0, size: cats.length > 4 ? 90 : 50, grid: { show: false },
       },
+      yAxis: { incrs: COUNT_INCRS },
     };
   }
 
@@ -211,13 +220,19 @@
     var drawn = false;
     opts.width = el.clientWidth || 600;
     opts.height = HEIGHT;
-    opts.axes = [axis(chart.x, opts.xAxis), axis(chart.y, { size: 56 })];
+    var yValues = function (u, splits) {
+      var labels = splits.map(compact);
+      window.__llmtapYTicks[chart.id] = labels;
+      return labels;
+    };
+    opts.axes = [axis(chart.x, opts.xAxis), axis(chart.y, Object.assign({ size: 56, values: yValues }, opts.yAxis))];
     opts.cursor = { points: { size: 6 } };
     opts.hooks = opts.hooks || {};
     opts.hooks.draw = (opts.hooks.draw || []).concat(function () {
       if (!drawn) { drawn = true; window.__llmtapChartsDrawn += 1; }
     });
     delete opts.xAxis;
+    delete opts.yAxis;
     plots.push({ el: el, plot: new uPlot(opts, data, el) });
   }
 
