@@ -28,6 +28,9 @@ COMMANDS = {
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",
     "top": "analysis.top.cli:top",
+    "status": "analysis.upkeep_cli:status",
+    "prune": "analysis.upkeep_cli:prune",
+    "compact": "analysis.upkeep_cli:compact",
 }
 
 
@@ -98,6 +101,8 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--capture-bodies", is_flag=True, default=None, help="Store request and response bodies (decoded, secrets redacted) in the bodies table.")
 @click.option("--capture-max-kb", type=click.IntRange(min=0), help="Keep at most this many KiB of each captured body (default 256).")
 @click.option("--db-memory-mb", type=click.IntRange(min=16), help="DuckDB's memory limit inside the proxy, in MiB (default 256).")
+@click.option("--retain-days", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Delete requests (with their chunks and bodies) older than N days: at start, then hourly.")
+@click.option("--retain-bodies-days", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Delete captured bodies of requests older than N days (the rows stay).")
 @click.option("--otel-endpoint", help="Send spans and GenAI metrics to this OTLP/HTTP collector (needs llmtap[otel]).")
 @click.option("--otel-headers", metavar="K=V,...", help="Headers for the OTLP exporter, e.g. Authorization=Bearer%20xyz.")
 @click.option("--otel-service-name", help="service.name of the exported telemetry (default llmtap).")

@@ -56,6 +56,10 @@ class ServeConfig:
     capture_bodies: bool = False
     capture_max_kb: int = 256
     db_memory_mb: int = 256  # DuckDB's memory limit in the proxy (its cache of the database, queries)
+    # Retention: requests (with their chunks and bodies) older than this many days are deleted as the
+    # proxy runs, at start and then hourly (proxy/store.py, proxy/retention.py); bodies alone sooner. None: kept.
+    retain_days: float | None = None
+    retain_bodies_days: float | None = None
     otel_endpoint: str | None = None  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; export is off when unset
     otel_headers: str | None = None  # "key=value,key2=value2", the OTEL_EXPORTER_OTLP_HEADERS form
     otel_service_name: str = "llmtap"
@@ -172,6 +176,10 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
                 values[key] = [*values.get(key, []), *value]
         elif value is not None:
             values[key] = value
+    for key in ("retain_days", "retain_bodies_days"):
+        value = values.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"{key} is a number of days above 0, not {value!r}")
     try:
         return ServeConfig(**values)
     except TypeError as exc:

@@ -73,6 +73,7 @@ class RunningProxy:
         if record and config.measure:
             self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
+                               retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
         injects = any(route.credential for route in routes.routes)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,

@@ -20,12 +20,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from . import duck
+from . import duck, retention
 from .batch import BODIES, CHUNKS, REQUESTS, Table
 from .migrations import migrate
 
@@ -38,6 +39,9 @@ RETRY_MAX_S = 5.0
 MAX_PENDING_REQUESTS = 20_000
 MAX_PENDING_CHUNKS = 500_000
 MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
+# Retention (serve --retain-days, --retain-bodies-days): old rows are deleted when the writer starts, then
+# this often; one batch (retention.BATCH_REQUESTS) per wake of the writer, between writes of new rows.
+PRUNE_INTERVAL_S = 3600.0
 
 # Errors raised by the rows themselves (a value that does not fit its column): the batch
 # is split to find and drop them. Any other error (I/O, a missing table) is retried.
@@ -93,9 +97,15 @@ class Store:
         max_pending_chunks: int = MAX_PENDING_CHUNKS,
         record_chunks: bool = True,
         memory_limit_mb: int | None = None,
+        retain_days: float | None = None,
+        retain_bodies_days: float | None = None,
         report: Callable[[str], None] = _print_stderr,
     ) -> None:
         self.path = Path(path)
+        self._retain = (retain_days, retain_bodies_days)
+        self._prune_at: float | None = 0.0 if retain_days or retain_bodies_days else None  # monotonic; None: off
+        self._pruned = retention.Pruned()  # by the run of the pruning under way
+        self._prune_runs = 0
         # DuckDB keeps the blocks it wrote cached up to its memory limit (80% of RAM by default):
         # without a limit of its own, a proxy that runs for weeks grows with its database.
         self._memory_limit_mb = memory_limit_mb
@@ -116,7 +126,8 @@ class Store:
         self._body_bytes = 0
         self._counts = dict.fromkeys(
             ("requests_written", "chunks_written", "bodies_written", "requests_dropped", "chunks_dropped",
-             "bodies_dropped", "write_errors", "rows_rejected", "files_recreated"), 0)
+             "bodies_dropped", "write_errors", "rows_rejected", "files_recreated", "requests_pruned",
+             "chunks_pruned", "bodies_pruned"), 0)
         self._last_error: str | None = None
         self._warnings: deque[str] = deque(maxlen=10)  # what /_llmtap/health shows besides the counts
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened (_check_file)
@@ -286,6 +297,8 @@ class Store:
                 self._inflight = [len(requests), len(chunks)]
             if requests or chunks or bodies or unfit:
                 self._write_batch(requests, chunks, bodies, unfit)
+            if self._prune_at is not None and taken >= self._prune_at and not self._stop.is_set():
+                self._prune()
             with self._lock:
                 self._done_seq = seq
                 self._inflight = [0, 0]
@@ -395,6 +408,42 @@ class Store:
             self._counts["files_recreated"] += 1
             self._warnings.append(warning)
         self._report(warning)
+
+    def _prune(self) -> None:
+        """One step of retention (retention.prune_step): the oldest requests past `retain_days`, with
+        their chunks and bodies, or bodies past `retain_bodies_days`. While more are left the writer
+        wakes again at once, writing new rows between two steps; when none are, what this run deleted
+        is reported (the first run's always, later ones' when they deleted something), and the next
+        run is PRUNE_INTERVAL_S later. A failure is reported and tried again at the next run."""
+        days, body_days = self._retain
+        now = datetime.now(timezone.utc)
+        try:
+            if self._cur is None:
+                self._reopen()
+            assert self._cur is not None
+            done, more = retention.prune_step(self._cur, rows_before=now - timedelta(days=days) if days else None,
+                                              bodies_before=now - timedelta(days=body_days) if body_days else None)
+        except Exception as exc:  # noqa: BLE001 - the writer must survive anything
+            if _invalidated(exc):
+                self._close_connection()
+            self._report(f"llmtap store: cannot delete old rows from {self.path}: {_describe(exc)}; "
+                         f"trying again in {_span(PRUNE_INTERVAL_S)}")
+            self._prune_at = time.monotonic() + PRUNE_INTERVAL_S
+            return
+        with self._lock:
+            for table in ("requests", "chunks", "bodies"):
+                self._counts[f"{table}_pruned"] += getattr(done, table)
+        self._pruned.add(done)
+        if more:
+            self._wake.set()
+            return
+        if self._prune_runs == 0 or self._pruned.requests or self._pruned.bodies:
+            kept = [f"{what} older than {n:g} day(s)" for what, n in (("requests", days), ("bodies", body_days)) if n]
+            self._report(f"llmtap store: retention deleted {self._pruned.describe()} from {self.path} "
+                         f"({', '.join(kept)}); next in {_span(PRUNE_INTERVAL_S)}")
+        self._prune_runs += 1
+        self._pruned = retention.Pruned()
+        self._prune_at = time.monotonic() + PRUNE_INTERVAL_S
 
     def _drop(self, units: deque[Unit]) -> None:
         with self._lock:
@@ -559,6 +608,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def _invalidated(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc)
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
 
 
 def _one_line(exc: BaseException) -> str:
