@@ -31,6 +31,7 @@ COMMANDS = {
     "status": "analysis.upkeep_cli:status",
     "prune": "analysis.upkeep_cli:prune",
     "compact": "analysis.upkeep_cli:compact",
+    "service": "proxy.tools.service_cli:service",
 }
 
 
@@ -124,10 +125,18 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
             return
         config.route_table()
         check_bind(config)
-        run(lambda: serve_forever(config))
+        run(lambda: serve_forever(config, query_setup=_views()))
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
+
+
+def _views() -> Any:
+    """analysis's named views for the proxy's admin queries: this composition root is the one
+    place where proxy/ meets analysis/."""
+    from analysis.views import create_views
+
+    return create_views
