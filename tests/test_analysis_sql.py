@@ -167,6 +167,12 @@ def test_requests_view_shadows_the_table_with_derived_columns(db: Path) -> None:
         "day,hour,error,dtps,crs\n2026-11-28,2026-11-28T14:00:00,false,74.39,0.8\n")
 
 
+def test_show_tables_names_each_table_once(db: Path) -> None:
+    names = ok(sql(db, "show tables;")).split()[2:]
+    assert names.count("requests") == 1 and {"chunks", "errors", "hourly", "daily"} <= set(names)
+    assert ok(sql(db, "  SHOW TABLES ")).split()[2:] == names
+
+
 def test_errors_hourly_and_daily_views(db: Path) -> None:
     assert ok(sql(db, "SELECT count(*) AS n, bool_and(outcome <> 'ok') AS all_failed FROM errors",
                   "--format", "csv")) == "n,all_failed\n15,true\n"

@@ -114,6 +114,25 @@ def test_the_80x24_frame_says_what_each_section_holds() -> None:
     assert re.search(r"^sessions 12 +tool +reqs +ttft tot +ttft95 +in +out +cache% +wall$", text, re.M)
 
 
+def test_the_tool_column_fits_its_names_and_other_kinds_are_counted() -> None:
+    model = TopModel(window_s=300)
+    rows = [finished_row(0, model="claude-sonnet-4-5", tool="anthropic-python"),
+            finished_row(1, model="claude-sonnet-4-5", tool="claude-code", path="/v1/messages/count_tokens"),
+            finished_row(2, model="claude-sonnet-4-5", tool="claude-code", kind="token_count"),
+            finished_row(3, model="claude-sonnet-4-5", tool="claude-code", kind="generation")]
+    model.apply(tick(rows))
+    text = "\n".join(line.text for line in frame(model, 100, 24, "127.0.0.1:8787", clock=lambda: NOW))
+    # a wide terminal's room goes to the tool as well as the model: neither is cut
+    assert re.search(r"^claude-sonnet-4-5 +anthropic-python +s1 ", text, re.M), text
+    narrow = "\n".join(line.text for line in frame(model, 80, 24, "127.0.0.1:8787", clock=lambda: NOW))
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert re.search(r"^finished 2 ", text, re.M)  # a row without `kind` is judged by its path
+    assert "errors 5m  none   (ok 2)   2 other kinds not shown (--all)" in text
+    everything = TopModel(window_s=300, kinds=())
+    everything.apply(tick(rows))
+    assert everything.finished_total == 4 and everything.other_total == 0
+
+
 def test_paint_repaints_in_place_without_scrolling() -> None:
     lines = frame(busy_model(), 80, 24, "x", clock=lambda: NOW)
     painted = paint(lines)

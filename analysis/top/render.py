@@ -3,9 +3,10 @@
 A frame is a title line, then sections, each a heading line (the section's
 name in the first column, the column names after it) and its rows. When the
 rows do not all fit, every section gets rows in turn, one at a time, so each
-keeps some. A column marked `grow` (the tool) widens to its longest value, up
-to `MAX_GROW`, before the first column takes the rest. Columns that do not
-fit the width are dropped from the right.
+keeps some. A column marked `grow` (the tool) widens to its longest value (up
+to `MAX_GROW`) with the room the first column has beyond `GROW_LABEL` (so on
+a wide terminal the width goes to both, not to the first alone). Columns that
+do not fit the width are dropped from the right.
 `frame` returns `Line`s; the terminal writer styles headings, `--once`
 prints them plain.
 """
@@ -23,6 +24,7 @@ from .model import GroupStats, SessionStats, TopModel
 
 MIN_LABEL = 10
 MAX_GROW = 18
+GROW_LABEL = 20
 NONE = "(none)"
 
 
@@ -51,10 +53,20 @@ def _cell(text: str, column: Column) -> str:
     return text.rjust(column.width) if column.right else text.ljust(column.width)
 
 
+def _grown(columns: list[Column], rows: Sequence[tuple[str, Sequence[str]]], width: int) -> list[Column]:
+    room = width - sum(c.width + 1 for c in columns) - GROW_LABEL
+    for i, c in enumerate(columns):
+        if c.grow and rows and room > 0:
+            need = min(MAX_GROW, max(len(cells[i]) for _, cells in rows if i < len(cells))) - c.width
+            if need > 0:
+                columns[i] = replace(c, width=c.width + min(need, room))
+                room -= min(need, room)
+    return columns
+
+
 def table(name: str, columns: Sequence[Column], rows: Sequence[tuple[str, Sequence[str]]], width: int) -> Section:
     """A section: first column `name` over the row labels (as wide as the rest leaves), then `columns`."""
-    columns = [replace(c, width=min(MAX_GROW, max(c.width, *(len(cells[i]) for _, cells in rows))))
-               if c.grow and rows else c for i, c in enumerate(columns)]
+    columns = _grown(list(columns), rows, width)
     while columns and width - sum(c.width + 1 for c in columns) < MIN_LABEL:
         columns.pop()
     label_width = max(width - sum(c.width + 1 for c in columns), 1)
