@@ -316,7 +316,7 @@ def try_next(sent: int, db_path: Path, built: report_mod.Report) -> str:
                  " round(median(ttft_ms)) AS ttft_ms FROM requests GROUP BY ALL ORDER BY n DESC\"")
     lines.append(f"  {llmtap} serve --upstream https://api.anthropic.com   # then point a real tool at it")
     if llmtap != "llmtap" and sys.prefix != sys.base_prefix:
-        lines.append(f"(or `source {Path(sys.prefix, 'bin', 'activate')}` first, and type just `llmtap`)")
+        lines.append(f"(or `source {_from_here(str(Path(sys.prefix, 'bin', 'activate')))}` first, and type just `llmtap`)")
     return "\n".join(lines) + "\n"
 
 

@@ -240,7 +240,7 @@ def heading(report: Report) -> str:
         line = f"{report.requests} {_what(report)} from {report.first} to {report.last} UTC, by {report.by}"
     if report.not_shown:
         counts = ", ".join(f"{n} {kind}" for kind, n in report.not_shown.items())
-        line += f"\nnot shown: {counts} (--all shows every kind, --by kind side by side)"
+        line += f"\nnot shown: {counts} (--all, --by kind)"
     return line
 
 

@@ -35,7 +35,7 @@ def run(db: Path, *args: str) -> str:
 
 BY_MODEL = """\
 30 generations from 2026-11-28 09:02 to 2026-11-30 17:40 UTC, by model
-not shown: 1 model_list (--all shows every kind, --by kind side by side)
+not shown: 1 model_list (--all, --by kind)
 
                                          TTFT             E2E
 model              reqs    err%    p50    p90    p99    p50    p99
