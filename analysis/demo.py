@@ -25,6 +25,8 @@ from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
+from .views import create_views
+
 PROMPT = "Explain in one paragraph why streaming matters for perceived latency. " * 4
 
 
@@ -189,7 +191,7 @@ async def run_demo(db: Path, seed: int = 7) -> int:
     sim_config = SimConfig(ttft_ms=120, itl_ms=12, tokens=60, prefill_us_per_token=40)
     async with Simulator(sim_config, record=False) as sim:
         config = ServeConfig(port=0, upstream=sim.url, db=str(db), quiet=True, tag="demo")
-        async with RunningProxy(config) as proxy:
+        async with RunningProxy(config, query_setup=create_views) as proxy:
             print(f"llmtap demo: simulated upstream {sim.url}, proxy {proxy.url}, recording to {db}", file=sys.stderr)
             calls = mix()
             await drive(proxy.url, calls)

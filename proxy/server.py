@@ -22,7 +22,7 @@ from .redact import scrub_library_logs
 from .metrics import PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
 from .relay_state import ProxyState, _stderr
-from .store import Store
+from .store import QuerySetup, Store
 
 
 def check_bind(config: ServeConfig) -> None:
@@ -65,8 +65,10 @@ def remote_warning(config: ServeConfig) -> str | None:
 class RunningProxy:
     """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
 
-    def __init__(self, config: ServeConfig, *, record: bool = True,
-                 report: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = _stderr,
+                 query_setup: QuerySetup | None = None) -> None:
+        """`query_setup` runs on the cursor of each admin query before it (the composition root,
+        proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/)."""
         self.config = config
         routes = config.route_table()
         self.store: Store | None = None
@@ -75,6 +77,8 @@ class RunningProxy:
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
+            if query_setup is not None:
+                self.store.query_setup = query_setup
         injects = any(route.credential for route in routes.routes)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
                                 admin_token=admin_token(config), client_key=client_key() if injects else None,
@@ -112,7 +116,6 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-            _register_views(self.store)
         self.runner = web.AppRunner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
                                     access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
@@ -168,15 +171,6 @@ class RunningProxy:
             self.otel = None
 
 
-def _register_views(store: Store) -> None:
-    """Let admin queries use the analysis package's named views, when it is there."""
-    try:
-        from analysis.views import create_views
-    except ImportError:  # pragma: no cover
-        return
-    store.query_setup = create_views
-
-
 def write_state(proxy: RunningProxy) -> Path:
     db = str(proxy.config.db_path) if proxy.store is not None else None
     return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token)
@@ -200,13 +194,14 @@ def tune_runtime() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr) -> None:
+async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr,
+                        query_setup: QuerySetup | None = None) -> None:
     """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with RunningProxy(config, report=report) as proxy:
+    async with RunningProxy(config, report=report, query_setup=query_setup) as proxy:
         tune_runtime()
         state_file = write_state(proxy)
         report(routes_banner(proxy.state, proxy.url))

@@ -78,6 +78,7 @@ class DatabaseLocked(StoreError):
 
 
 Unit = list[tuple[Table, list[Any]]]  # written in one transaction
+QuerySetup = Callable[[duckdb.DuckDBPyConnection], None]
 
 
 def _print_stderr(message: str) -> None:
@@ -86,7 +87,7 @@ def _print_stderr(message: str) -> None:
 
 class Store:
     # Called with each query's own cursor before the query (the analysis package adds temp views).
-    query_setup: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+    query_setup: QuerySetup | None = None
 
     def __init__(
         self,

@@ -367,7 +367,7 @@ def test_serve_not_answering(held: Path) -> None:
                                  "admin_token": None}))
     result = sql(held, "SELECT 1")
     assert result.exit_code == 1
-    assert result.output.startswith("Error: cannot reach llmtap serve at http://127.0.0.1:9/_llmtap/sql:")
+    assert result.output.startswith("Error: cannot reach llmtap serve at http://127.0.0.1:9:")
 
 
 def test_an_unlocked_file_is_read_directly(db: Path) -> None:

@@ -121,10 +121,15 @@ def test_a_glob_of_database_files(data: Path) -> None:
 
 
 def test_local_sources_do_not_load_httpfs(data: Path) -> None:
+    """Local inputs are read with the connection locked down: no extension loads, no other file is read."""
     source = open_sources([str(data / "gw-a.duckdb"), str(data / "exports/c")])
     try:
-        _, _, found = source.query("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'httpfs'")
+        _, _, found = source.query("SELECT current_setting('enable_external_access')")
         assert found == [(False,)]
+        for query in ("LOAD httpfs", "SELECT * FROM read_text('/etc/passwd')"):
+            with pytest.raises(SourceError):
+                source.query(query)
+        assert source.query("SELECT count(*) FROM requests")[2][0][0] > 0  # the inputs themselves are read
     finally:
         source.close()
 

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from analysis.top.feed import Proxy, backfill, ticks
+from analysis.top.feed import backfill, ticks
 from analysis.top.model import TopModel, quantile
 from proxy.cli import main
 from proxy.server import RunningProxy
@@ -69,7 +69,7 @@ async def recorded(sim: Simulator, tmp_path: Path) -> tuple[Path, TopModel]:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         async with aiohttp.ClientSession() as s:
             async def watch() -> None:
-                async for tick in ticks(s, Proxy(p.url)):
+                async for tick in ticks(s, p.admin):
                     model.apply(tick)
 
             watcher = asyncio.create_task(watch())
@@ -157,8 +157,8 @@ async def test_backfill_reads_the_same_rows_from_a_running_proxy(sim: Simulator,
         await agents(p.url)
         assert p.flush(10)
         async with aiohttp.ClientSession() as s:
-            rows = await backfill(s, Proxy(p.url), 60)
-            old = await backfill(s, Proxy(p.url), 0.001)
+            rows = await backfill(s, p.admin, 60)
+            old = await backfill(s, p.admin, 0.001)
     assert len(rows) == 8 and old == []
     model = TopModel(window_s=60)
     model.add_finished(rows)

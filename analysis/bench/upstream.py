@@ -23,6 +23,7 @@ import aiohttp
 from yarl import URL
 
 from analysis.filters import sql_string
+from analysis.views import create_views
 from proxy import running
 from proxy.config import ServeConfig
 from proxy.server import RunningProxy
@@ -145,7 +146,7 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
         else:
             config = ServeConfig(port=0, upstream=_origin(upstream), db=str(db) if db else None, quiet=True,
                                  flush_interval_s=0.5)
-            proxy = await stack.enter_async_context(RunningProxy(config))
+            proxy = await stack.enter_async_context(RunningProxy(config, query_setup=create_views))
             setup.proxy, setup.db = proxy, config.db_path
             setup.base_url = _through(proxy.url, "", upstream)
             target = "the built-in simulator" if setup.simulated else _origin(upstream)

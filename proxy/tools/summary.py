@@ -3,9 +3,8 @@
 TTFT is over generations (the `kind` column): a tool's token counts, probes
 and model lists answer in milliseconds and are no first token.
 
-Queries go through `analysis.source` (the database file, or the running
-`llmtap serve` that holds it); without the analysis package, straight to the
-proxy's admin endpoint POST /_llmtap/sql.
+Queries read the database file when no process holds it, else go to the running
+`llmtap serve` that holds it (its admin endpoint POST /_llmtap/sql).
 """
 
 from __future__ import annotations
@@ -15,7 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from ..running import AdminClient, AdminError
+from ..store import StoreError, open_readonly
 
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 
@@ -80,24 +82,24 @@ class Query:
         self.db, self.admin = db, admin
 
     def __call__(self, sql: str) -> Result:
-        try:
-            from analysis.source import SourceError, open_source
-        except ImportError:
-            return self._over_http(sql)
-        if self.db is None:
-            return self._over_http(sql)
-        try:
-            source = open_source(self.db)
-        except SourceError as exc:
-            if self.admin is not None:
-                return self._over_http(sql)
-            raise SummaryError(str(exc)) from None
-        try:
-            return source.query(sql)
-        except SourceError as exc:
-            raise SummaryError(str(exc)) from None
-        finally:
-            source.close()
+        """The file itself when no process holds it (the run's own proxy has stopped), else the
+        running proxy's admin endpoint. The SQL reads table columns only: no views needed."""
+        if self.db is not None:
+            try:
+                con = open_readonly(self.db)
+            except StoreError as exc:
+                if self.admin is None:
+                    raise SummaryError(str(exc)) from None
+            else:
+                try:
+                    cursor = con.execute(sql)
+                    rows = cursor.fetchall()
+                    return [d[0] for d in cursor.description], [str(d[1]) for d in cursor.description], rows
+                except duckdb.Error as exc:
+                    raise SummaryError(str(exc)) from None
+                finally:
+                    con.close()
+        return self._over_http(sql)
 
     def _over_http(self, sql: str) -> Result:
         if self.admin is None:
