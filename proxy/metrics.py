@@ -7,7 +7,8 @@ and never raises. `render()` produces the text exposition for a scrape.
 The histograms are the OpenTelemetry GenAI client metrics, named as an
 OpenTelemetry-to-Prometheus exporter names them, with the advised buckets:
 
-- `gen_ai_client_operation_duration_seconds`: e2e, every request that has one
+- `gen_ai_client_operation_duration_seconds`: e2e, every GenAI operation (a
+  generation or an embedding, by the row's `kind`) that has one
 - `gen_ai_client_operation_time_to_first_chunk_seconds`: TTFT, streams only
 - `gen_ai_client_operation_time_per_output_chunk_seconds`: one sample per
   *request*, its `tpot_ms` (the convention asks for one sample per chunk;
@@ -16,7 +17,9 @@ OpenTelemetry-to-Prometheus exporter names them, with the advised buckets:
   included), `output` (reasoning included) and `cache_read` (an llmtap
   extension: the cached part of `input`)
 
-plus `llmtap_requests_total` by outcome, the store's counters and the
+The histograms leave out token counts, probes, model lists and prewarms (they
+answer in milliseconds and share the model's name); `llmtap_requests_total`
+counts every request, by outcome. Then the store's counters and the
 event-loop lag. Labels: `route`, `model` (the requested model), `tool`,
 `status_class` (`2xx`, `4xx`, `5xx`, ..., `none`). Labels with values from
 clients (model, tool, route) keep their first `max_label_values` distinct
@@ -40,6 +43,7 @@ from prometheus_client.utils import floatToGoString
 DURATION_BUCKETS = tuple(round(0.01 * 2**k, 2) for k in range(14))
 TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
+GENAI_KINDS = frozenset({"generation", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
 TOKEN_TYPES = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"))
 OTHER, NONE = "other", "none"
 MAX_LABEL_CACHE = 10_000  # series remembered per raw (route, model, tool, status, outcome)
@@ -182,6 +186,8 @@ class PrometheusMetrics:
         if series is None:
             series = self._series_of(key)
         series.requests[0] += 1
+        if get("kind") not in GENAI_KINDS:
+            return
         e2e, ttft, tpot = get("e2e_ms"), get("ttft_ms"), get("tpot_ms")
         if e2e is not None:
             add(DURATION_BUCKETS, series.duration, e2e / 1000.0)

@@ -85,9 +85,11 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
     assert value(found, "llmtap_requests_total", **limited, outcome="http_error") == 1
     assert value(found, "llmtap_requests_total", **models, outcome="ok") == 1
 
-    # every request has a duration; only the stream has a TTFT (30 ms simulated)
-    for labels in (chat, claude, limited, models):
+    # every generation has a duration; only the stream has a TTFT (30 ms simulated); the models list is
+    # no GenAI operation (kind model_list): counted above, in no histogram
+    for labels in (chat, claude, limited):
         assert value(found, "gen_ai_client_operation_duration_seconds_count", **labels) == 1
+    assert ("gen_ai_client_operation_duration_seconds_count", frozenset(models.items())) not in found
     assert value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_count", **chat) == 1
     assert ("gen_ai_client_operation_time_to_first_chunk_seconds_count", frozenset(claude.items())) not in found
     assert value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_bucket", **chat, le="0.02") == 0
