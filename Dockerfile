@@ -5,8 +5,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY analysis ./analysis
-# the otel extra, so OpenTelemetry export is one setting away
-RUN pip install --no-cache-dir ".[otel]"
+# the otel and s3 extras: OpenTelemetry export is one setting away, `llmtap export --out s3://...` works
+RUN pip install --no-cache-dir ".[otel,s3]"
 USER llmtap
 ENV LLMTAP_HOME=/data
 VOLUME /data

@@ -10,8 +10,8 @@ files hold the table's own columns (not the view's derived ones); `day` is in th
 directory name (`DIR/requests/day=2026-11-30/data_0.parquet`), and readers
 such as DuckDB's `read_parquet(..., hive_partitioning = true)` restore it.
 
-DIR may be an object-storage URL (`s3://bucket/prefix`): DuckDB's httpfs
-writes there (see `remote.py` for credentials). Remote stores cannot be
+DIR may be an object-storage URL (`s3://bucket/prefix`): DuckDB's httpfs, or
+s3fs, writes there (see `remote.py` for which, and credentials). Remote stores cannot be
 emptied first, so there `--overwrite` replaces the files of the days it
 writes and leaves other days' files alone.
 """
@@ -30,7 +30,7 @@ import orjson
 
 from .filters import Filters, sql_string
 from .formatting import plain
-from .remote import RemoteError, enable_httpfs, is_remote
+from .remote import RemoteError, enable_remote, explain, is_remote
 from .source import FileSource, Source, SourceError
 from .views import DERIVED_COLUMNS
 from proxy import duck
@@ -121,7 +121,7 @@ def copy_through(source: Source, table: str, filters: Filters, target: Path | st
                   f" columns = {{{spec}}})")
         with duck.connect() as con:
             if is_remote(str(target)):
-                enable_httpfs(con, os.environ if env is None else env)
+                enable_remote(con, os.environ if env is None else env, [str(target)])
             con.execute(copy_sql(select, target, fmt, overwrite))
 
 
@@ -179,10 +179,10 @@ def export(
 
 def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrite: bool, page_rows: int,
                   env: Mapping[str, str]) -> list[Written]:
-    """`export` to object storage: the same layout, written and counted through httpfs."""
+    """`export` to object storage: the same layout, written and counted through httpfs or s3fs."""
     targets = {table: f"{url.rstrip('/')}/{table}" for table in TABLES}
     with duck.connect() as con:
-        enable_httpfs(con, env)
+        enable_remote(con, env, [url])
         if not overwrite:
             taken = [t for t in targets.values() if _remote_files(con, t, "*")]
             if taken:
@@ -191,13 +191,13 @@ def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrit
         for table, target in targets.items():
             try:
                 if isinstance(source, FileSource):
-                    enable_httpfs(source.con, env)
+                    enable_remote(source.con, env, [url])
                     source.query(copy_sql(select_sql(table, filters), target, fmt, overwrite))
                 else:
                     copy_through(source, table, filters, target, fmt, overwrite, page_rows, env)
                 days = _count_remote(con, target, fmt)
             except (SourceError, duckdb.Error) as exc:
-                raise ExportError(f"cannot export {table}: {exc}") from None
+                raise ExportError(f"cannot export {table}: {explain(exc)}") from None
             written.append(Written(table, target, days))
     return written
 

@@ -17,8 +17,8 @@ views that UNION ALL BY NAME over the inputs (a column missing from an older
 input reads as NULL), each with a `source` column, kept when the input
 already has one (an export of a combined view). `views.py` then layers its
 TEMP views on top exactly as on a database file, so every command and every
-derived column works unchanged. Remote locations load httpfs first
-(`remote.py`). A database file held by a running `llmtap serve` cannot be
+derived column works unchanged. Remote locations load httpfs, or register
+s3fs, first (`remote.py`). A database file held by a running `llmtap serve` cannot be
 attached: export it and name the export instead.
 """
 
@@ -36,7 +36,7 @@ import duckdb
 from proxy.schema import CHUNK_COLUMNS
 
 from .filters import sql_identifier, sql_string
-from .remote import RemoteError, enable_httpfs, is_remote
+from .remote import RemoteError, enable_remote, explain, is_remote
 from .source import FileSource, SourceError
 from .views import table_columns, views_sql
 from proxy import duck
@@ -81,20 +81,21 @@ def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None, *,
     inputs = _unique([classify(spec) for spec in _expand(specs)])
     con = duck.connect()
     try:
-        if any(is_remote(i.requests) for i in inputs):
-            enable_httpfs(con, os.environ if env is None else env)
+        remote = [i.requests for i in inputs if is_remote(i.requests)]
+        if remote:
+            enable_remote(con, os.environ if env is None else env, remote)
         requests, chunks = _relations(con, inputs)
         con.execute(f"CREATE VIEW {CATALOG}.main.requests AS {_union(requests)}")
         con.execute(f"CREATE VIEW {CATALOG}.main.chunks AS {_union(chunks) if chunks else _no_chunks()}")
         source = FileSource(con)
         con.execute(views_sql(CATALOG, table_columns(con, CATALOG)))
-        if lock and not any(is_remote(i.requests) for i in inputs):
+        if lock and not remote:
             duck.lock_down(con, directories=[*_roots(inputs), *([writes_to] if writes_to else [])],
                            paths=[i.requests for i in inputs if i.kind == "duckdb"])
         return source
     except (RemoteError, SourceError, duckdb.Error) as exc:
         con.close()
-        raise SourceError(str(exc)) from None
+        raise SourceError(explain(exc)) from None
 
 
 def _roots(inputs: list[Input]) -> list[str]:

@@ -26,6 +26,10 @@ def llmtap_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LLMTAP_HOME", str(home))
     monkeypatch.setenv("LLMTAP_CONFIG", str(tmp_path / "no-config.toml"))
     monkeypatch.delenv("LLMTAP_DB", raising=False)
+    # s3fs's botocore: never the instance-metadata address, never the developer's own AWS profiles
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                 "NO_PROXY", "no_proxy", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
         monkeypatch.delenv(var, raising=False)

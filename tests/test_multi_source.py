@@ -168,11 +168,13 @@ def test_a_database_held_by_another_process(data: Path, tmp_path: Path) -> None:
 
 
 def test_remote_without_httpfs_fails_cleanly(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No network here: httpfs cannot be installed, and the commands say so (nothing is written locally)."""
+    """No network here: httpfs cannot be installed, and the commands say so and name the PyPI way
+    (nothing is written locally). s3fs against a real S3 server: tests/test_s3.py."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # DuckDB's extension directory, empty
+    monkeypatch.setenv("LLMTAP_OBJECT_STORE", "httpfs")
     read = run("sql", "--from", "s3://llmtap-test-bucket/exports/*", "SELECT 1")
-    assert read.exit_code == 1 and "httpfs" in read.output, read.output
+    assert read.exit_code == 1 and "httpfs" in read.output and "llmtap[s3]" in read.output, read.output
     write = run("export", "--db", str(data / "gw-a.duckdb"), "--out", "s3://llmtap-test-bucket/x")
     assert write.exit_code == 1 and "httpfs" in write.output, write.output
     assert not (tmp_path / "s3:").exists()
