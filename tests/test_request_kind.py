@@ -105,3 +105,25 @@ async def test_every_kind_the_real_clis_send_is_recorded(sim: Simulator, proxy: 
     assert turn["stream"] is True and turn["ttft_ms"] is not None and turn["status"] == 101
     prewarm = next(r for r in recorded if r["kind"] == "prewarm")
     assert prewarm["output_tokens"] in (None, 0) and prewarm["outcome"] == "ok"
+
+
+def test_the_views_keep_a_stored_kind_and_derive_a_missing_one(tmp_path) -> None:
+    from analysis.views import create_views
+    from proxy.schema import create_tables_sql
+
+    def kinds(rows: list[tuple[str, str, int, str | None]]) -> list[str]:
+        path = tmp_path / f"k{len(rows)}.duckdb"
+        con = duckdb.connect(str(path))
+        con.execute(create_tables_sql())
+        con.executemany("INSERT INTO requests (id, method, path, status, kind) VALUES (?, ?, ?, ?, ?)",
+                        [(str(i), *row) for i, row in enumerate(rows)])
+        con.close()
+        con = duckdb.connect(str(path), read_only=True)
+        create_views(con)
+        found = [k for (k,) in con.execute("SELECT kind FROM requests ORDER BY id").fetchall()]
+        con.close()
+        return found
+
+    # a prewarm's path says generation: the stored kind wins; a row without one gets its path's
+    assert kinds([("GET", "/v1/responses", 101, "prewarm"), ("HEAD", "/", 404, None)]) == ["prewarm", "probe"]
+    assert kinds([("GET", "/v1/responses", 101, "prewarm")]) == ["prewarm"]
