@@ -31,6 +31,7 @@ from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tab
 from .filters import Filters
 from .formatting import FORMATS as SQL_FORMATS, render, short_ids
 from .multi_source import open_sources
+from .remote import is_remote
 from .source import Source, SourceError, open_source
 from .timewindow import WindowError, parse_time, utc_now
 
@@ -100,11 +101,17 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
 
 
 @contextmanager
-def opened(db_path: Path, sources: tuple[str, ...] = ()) -> Iterator[Source]:
-    """The source for `db_path` (or for the `--from` inputs), with its errors turned into click errors."""
+def opened(db_path: Path, sources: tuple[str, ...] = (), writes_to: str | None = None) -> Iterator[Source]:
+    """The source for `db_path` (or for the `--from` inputs), with its errors turned into click errors.
+    Its SQL touches no file but its inputs and `writes_to`; an s3:// `writes_to` needs httpfs, unlocked."""
+    remote = writes_to is not None and is_remote(writes_to)
+    local_out = None if remote or writes_to is None else Path(writes_to).expanduser()
     db_path = _default_or_demo(db_path) if not sources else db_path
     try:
-        source = open_sources(sources) if sources else open_source(db_path)
+        if sources:
+            source = open_sources(sources, writes_to=local_out, lock=not remote)
+        else:
+            source = open_source(db_path, writes_to=local_out, lock=not remote)
     except SourceError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -262,7 +269,7 @@ def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: P
     An s3:// DIR is written through DuckDB's httpfs, with credentials from
     AWS_ACCESS_KEY_ID etc. or DuckDB's persistent secrets.
     """
-    with opened(db_path, sources) as source:
+    with opened(db_path, sources, writes_to=out_dir) as source:
         try:
             written = export_tables(source, out_dir, fmt, filters, overwrite)
         except ExportError as exc:
