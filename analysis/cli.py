@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import click
 
 from proxy import paths
+from proxy.cli_options import db_option as shared_db_option
 from proxy.schema import KINDS
 
 from . import error_report, report as report_mod
@@ -40,12 +41,7 @@ DEMO_DB = "demo.duckdb"  # `llmtap demo`'s database, in llmtap's data directory
 _SHOW_TABLES = re.compile(r"\s*show\s+tables\s*;?\s*", re.IGNORECASE)
 
 
-def db_option(f: F) -> F:
-    return click.option(
-        "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), envvar="LLMTAP_DB",
-        default=lambda: str(paths.default_db_path()), show_default=False,
-        help="DuckDB file (default: $LLMTAP_DB, else ~/.local/share/llmtap/llmtap.duckdb).",
-    )(f)
+db_option = shared_db_option()  # resolved by `opened` (config.resolve_db), as every command does
 
 
 def from_option(f: F) -> F:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from . import config as cfg
+from .cli_options import config_option, db_option
 from .routes import RouteError, parse_route
 
 
@@ -78,12 +79,12 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML config file (default: ~/.config/llmtap/config.toml).")
+@config_option
 @click.option("--host", "hosts", multiple=True, help="Address to listen on; repeatable (default localhost: 127.0.0.1 and ::1).")
 @click.option("--port", type=int, help="Port to listen on (default 8787).")
 @click.option("--upstream", help="Default upstream; the request path is appended to its path.")
 @click.option("--route", "route_specs", multiple=True, metavar="PREFIX=URL", help="Extra route; the prefix is stripped, longest prefix wins. Repeatable.")
-@click.option("--db", help="DuckDB file (default: ~/.local/share/llmtap/llmtap.duckdb).")
+@db_option("db", resolve=False)
 @click.option("--tag", help="Tag every row (a request's X-Llmtap-Tag header wins).")
 @click.option("--quiet", is_flag=True, default=None, help="No per-request line on stderr.")
 @click.option("--no-measure", "measure", flag_value=False, default=None, help="Relay only: no parsing, no rows (for overhead benchmarks).")

@@ -161,12 +161,28 @@ def load_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def resolve_db(db: str | Path | None = None, config_path: Path | None = None) -> Path:
+    """The database every command means: `db` (its --db), else $LLMTAP_DB, else the config file's
+    `db`, else the default (paths.default_db_path)."""
+    if db:
+        return Path(db).expanduser()
+    if env := os.environ.get("LLMTAP_DB"):
+        return Path(env).expanduser()
+    try:
+        configured = load_file(config_path or paths.default_config_path()).get("db")
+    except ConfigError:
+        configured = None
+    return Path(configured).expanduser() if configured else paths.default_db_path()
+
+
 def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
-    """Defaults < config file < flags (overrides whose value is None are unset)."""
+    """Defaults < config file < $LLMTAP_DB < flags (overrides whose value is None are unset)."""
     path = config_path or paths.default_config_path()
     if config_path is not None and not config_path.exists():
         raise ConfigError(f"config file {config_path} does not exist")
     values: dict[str, Any] = load_file(path)
+    if env_db := os.environ.get("LLMTAP_DB"):
+        values["db"] = env_db
     for key, value in overrides.items():
         if key in _TABLES:
             if value:

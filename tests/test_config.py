@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -70,3 +71,24 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
 def test_non_loopback_needs_allow_remote() -> None:
     result = CliRunner().invoke(main, ["serve", "--upstream", "http://u", "--host", "0.0.0.0"])
     assert result.exit_code != 0 and "--allow-remote" in result.output
+
+
+def test_every_command_means_the_same_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--db, else $LLMTAP_DB, else the config file's db, else the default: for serve and the queries alike."""
+    from proxy.config import resolve_db
+    from proxy.migrations import migrate
+
+    config = tmp_path / "config.toml"
+    configured = tmp_path / "configured.duckdb"
+    config.write_text(f'db = "{configured}"\n')
+    monkeypatch.setenv("LLMTAP_CONFIG", str(config))
+    assert build(None, {}).db_path == resolve_db() == configured
+    con = duckdb.connect(str(configured))
+    migrate(con)
+    con.execute("INSERT INTO requests (id) VALUES ('from-the-config-file')")
+    con.close()
+    out = CliRunner().invoke(main, ["sql", "SELECT id FROM requests", "--format", "csv"])
+    assert out.exit_code == 0 and out.output == "id\nfrom-the-config-file\n", out.output
+    monkeypatch.setenv("LLMTAP_DB", str(tmp_path / "env.duckdb"))
+    assert build(None, {}).db_path == resolve_db() == tmp_path / "env.duckdb"
+    assert build(None, {"db": str(tmp_path / "flag.duckdb")}).db_path == resolve_db(tmp_path / "flag.duckdb")

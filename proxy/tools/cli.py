@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..cli_options import config_option, db_option
 from .endpoint import DEFAULT_URL, LiveProxy, base_urls, find_running, strip_v1
 from .setup import CODEX_LOGINS, TOOLS
 
@@ -76,9 +77,8 @@ def _client_key(live: LiveProxy | None) -> str | None:
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--tag", help="Tag for this run's rows (default: run-<time>-<random>).")
 @click.option("--upstream", help="Upstream for a proxy started here (default: the config file's).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="TOML config file for a proxy started here (default: ~/.config/llmtap/config.toml).")
-@click.option("--db", help="DuckDB file for a proxy started here.")
+@config_option
+@db_option("db", "DuckDB file for a proxy started here", resolve=False)
 @click.option("--port", type=click.IntRange(0, 65535),
               help="Port for a proxy started here (default: the config's, else 8787; any free port if taken).")
 @click.option("--verbose", is_flag=True, help="Print a line per request (proxy started here).")
@@ -112,9 +112,8 @@ def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_
 @click.command()
 @click.option("--upstream", "upstreams", multiple=True, metavar="URL",
               help="Check this upstream (repeatable; default: the running proxy's, else the config file's).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="TOML config file (default: ~/.config/llmtap/config.toml).")
-@click.option("--db", help="DuckDB file to check (default: the config's, else ~/.local/share/llmtap/llmtap.duckdb).")
+@config_option
+@db_option("db", "DuckDB file to check", resolve=False)
 @click.option("--port", type=int, help="Port to check (default: the config's, else 8787).")
 @click.option("--timeout", type=click.FloatRange(min=0.1, max=60), default=5.0, show_default=True,
               help="Seconds for each network step.")
