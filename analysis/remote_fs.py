@@ -9,6 +9,8 @@ S3-compatible store (MinIO, R2, Ceph, ...) with nothing but PyPI
 them for DuckDB: listing a prefix that holds nothing is an empty list (s3fs
 raises FileNotFoundError, which DuckDB reports as an error before a COPY), and
 "making a directory" never creates a bucket (s3fs would create a misspelled one).
+Listings are cached for the connection's life (one command; s3fs forgets a
+prefix when it writes there): DuckDB globs the same prefixes for every query.
 
 Before DuckDB touches a location, its bucket is checked once (`check`), so a
 wrong endpoint, a missing bucket and refused credentials are one clear line
@@ -78,7 +80,7 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
                               "retries": {"max_attempts": ATTEMPTS, "mode": "standard"}}
     if endpoint:
         config["s3"] = {"addressing_style": "path"}  # MinIO and most self-hosted stores
-    options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False,
+    options: dict[str, Any] = {"skip_instance_cache": True,
                                "config_kwargs": config, "client_kwargs": {}}
     if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
         options.update(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"])
