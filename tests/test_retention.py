@@ -122,6 +122,8 @@ def test_prune_then_compact_shrink_the_file(tmp_path: Path):
     assert done.output.startswith("deleted 2,700 request(s), 540,000 chunk(s) and 2,700 body row(s) of requests started before ")
     assert "to shrink it: llmtap compact" in done.output
     assert counts(db) == (300, 60_000, 300)
+    free = json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--format", "json"]).output)["free_bytes"]
+    assert free > before / 2  # the deleted rows' blocks, free in a file of the same size
 
     done = CliRunner().invoke(main, ["compact", "--db", str(db)])
     assert done.exit_code == 0, done.output
@@ -131,6 +133,7 @@ def test_prune_then_compact_shrink_the_file(tmp_path: Path):
     assert counts(db) == (300, 60_000, 300)
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
     assert sorted(os.listdir(tmp_path)) == ["llmtap.duckdb"]  # no temporary file left
+    assert json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--format", "json"]).output)["free_bytes"] == 0
     s = Store(db)  # and serve opens it: its migrations are all there
     s.start()
     s.close()
@@ -177,7 +180,7 @@ def test_status_of_a_file(tmp_path: Path):
     data = json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--format", "json"]).output)
     assert (data["requests"], data["chunks"], data["bodies"]) == (200, 10_000, 200)
     per = data["bytes_per_request"] * 200 + data["bytes_per_chunk"] * 10_000 + data["bytes_per_body"] * 200
-    assert per == pytest.approx(data["file_bytes"], rel=0.01)  # the file apportioned, all of it
+    assert per == pytest.approx(data["file_bytes"] - data["free_bytes"], rel=0.01)  # its used blocks, all of them
     assert data["proxy"] is None
 
 
