@@ -20,16 +20,27 @@ OpenAI-compatible local server is reported as `openai`). Like the Prometheus
 metrics, `time_per_output_chunk` gets one sample per request (its TPOT), and
 token usage has an extra `gen_ai.token.type` = `cache_read` (an llmtap
 extension) beside `input` and `output`.
+
+A collector that is down or slow costs the relay nothing (the export threads
+wait, the event loop never does) and the stop little: each export gives up
+after `export_timeout_s`, `shutdown` flushes for at most
+`shutdown_timeout_s`, and the OTLP exporters' own log lines (one per retry)
+are replaced by one line when export starts failing and one when it works
+again (`ExportHealth`).
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 try:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -46,6 +57,7 @@ else:
 from .metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TOKEN_TYPES
 
 INSTRUMENTATION = "llmtap"
+EXPORTER_LOGGER = "opentelemetry.exporter.otlp"  # the OTLP exporters log each retry below it
 OPERATION = {"openai_chat": "chat", "openai_responses": "chat", "anthropic": "chat", "gemini": "generate_content"}
 PROVIDER = {"openai_chat": "openai", "openai_responses": "openai", "anthropic": "anthropic",
             "gemini": "gcp.gemini"}
@@ -69,6 +81,8 @@ class OtelSettings:
     headers: Mapping[str, str] = field(default_factory=dict)
     service_name: str = "llmtap"
     export_interval_s: float = 10.0
+    export_timeout_s: float = 3.0  # one export, its retries included
+    shutdown_timeout_s: float = 3.0  # the last flush, spans and metrics at once
 
     @classmethod
     def from_config(cls, config: Any) -> "OtelSettings | None":
@@ -175,12 +189,117 @@ def _present(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None and v != ""}
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class ExportHealth:
+    """Whether export to the collector works, said once per change: a line when it starts failing (with
+    the first reason), one when it works again. The OTLP exporters' own lines are dropped (`_ExportLog`)."""
+
+    def __init__(self, endpoint: str, report: Callable[[str], None] = _stderr) -> None:
+        parts = urlsplit(endpoint)
+        self.where = f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}"
+        self.report = report
+        self.failing = False
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def ok(self) -> None:
+        with self._lock:
+            was, self.failing = self.failing, False
+        if was and not self.stopping:
+            self.report(f"llmtap: OpenTelemetry export to {self.where} works again")
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            was, self.failing = self.failing, True
+        if not was and not self.stopping:
+            self.report(f"llmtap: OpenTelemetry export to {self.where} is failing ({reason}): spans and metrics"
+                        " are dropped until it answers (said once)")
+
+    def gave_up(self, seconds: float) -> None:
+        self.stopping = True
+        self.report(f"llmtap: OpenTelemetry: stopped flushing to {self.where} after {seconds:g} s; the rest is dropped")
+
+
+_exporting = threading.local()  # the ExportHealth of the export running on this thread
+
+
+def export_reason(message: str) -> str:
+    """A short reason from an OTLP exporter's log line."""
+    if found := re.search(r"Transient error (.+) encountered while exporting", message):
+        message = found.group(1)
+    if found := re.search(r"\[Errno -?\d+\] ([^\"')\]]+)", message):
+        return found.group(1).strip().lower()
+    if found := re.search(r"code: (\d+), reason: ([^,]*)", message):
+        return f"HTTP {found.group(1)} {found.group(2).strip()}".strip()
+    if "timed out" in message.lower() or "timeout" in message.lower():
+        return "timed out"
+    if "connection" in message.lower():
+        return "connection failed"
+    return message[:120]
+
+
+class _ExportLog(logging.Handler):
+    """Takes the OTLP exporters' records: a failure counts for the health of the export that logged it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        health = getattr(_exporting, "health", None)
+        if health is not None and record.levelno >= logging.WARNING:
+            health.failed(export_reason(record.getMessage()))
+
+
+def quiet_exporter_logs() -> None:
+    """Route the OTLP exporters' log records to `_ExportLog` only (idempotent)."""
+    logger = logging.getLogger(EXPORTER_LOGGER)
+    if not any(isinstance(h, _ExportLog) for h in logger.handlers):
+        logger.addHandler(_ExportLog())
+    logger.propagate = False
+
+
+def _otlp_exporters(settings: OtelSettings, health: ExportHealth) -> tuple[Any, Any]:
+    """The OTLP/HTTP span and metric exporters, telling `health` how each export went."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Spans(OTLPSpanExporter):  # type: ignore[misc,valid-type]
+        def export(self, spans: Sequence[Any]) -> Any:
+            _exporting.health = health
+            try:
+                result = super().export(spans)
+            finally:
+                _exporting.health = None
+            if result == SpanExportResult.SUCCESS:
+                health.ok()
+            return result
+
+    class Metrics(OTLPMetricExporter):  # type: ignore[misc,valid-type]
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            _exporting.health = health
+            try:
+                result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            finally:
+                _exporting.health = None
+            if result == MetricExportResult.SUCCESS:
+                health.ok()
+            return result
+
+    headers, timeout = dict(settings.headers), settings.export_timeout_s
+    return (Spans(endpoint=f"{settings.endpoint}/v1/traces", headers=headers, timeout=timeout),
+            Metrics(endpoint=f"{settings.endpoint}/v1/metrics", headers=headers, timeout=timeout))
+
+
 class OtelExporter:
     """Spans and GenAI metrics from finished rows, through the given SDK providers."""
 
-    def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
+    def __init__(self, tracer_provider: Any, meter_provider: Any, *, exporters: Sequence[Any] = (),
+                 health: ExportHealth | None = None, shutdown_timeout_s: float = 3.0) -> None:
         _require()
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
+        self.exporters, self.health, self.shutdown_timeout_s = tuple(exporters), health, shutdown_timeout_s
         self.tracer = tracer_provider.get_tracer(INSTRUMENTATION)
         meter = meter_provider.get_meter(INSTRUMENTATION)
         seconds = {"unit": "s", "explicit_bucket_boundaries_advisory": DURATION_BUCKETS}
@@ -198,21 +317,21 @@ class OtelExporter:
         self.errors = 0
 
     @classmethod
-    def from_settings(cls, settings: OtelSettings) -> "OtelExporter":
-        """OTLP/HTTP exporters for spans (batched) and metrics (every export_interval_s)."""
+    def from_settings(cls, settings: OtelSettings, report: Callable[[str], None] = _stderr) -> "OtelExporter":
+        """OTLP/HTTP exporters for spans (batched) and metrics (every export_interval_s); `report` gets the
+        lines of ExportHealth."""
         _require()
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
+        quiet_exporter_logs()
+        health = ExportHealth(settings.endpoint, report)
+        spans, metrics = _otlp_exporters(settings, health)
         resource = Resource.create({"service.name": settings.service_name})
-        headers = dict(settings.headers)
-        tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=f"{settings.endpoint}/v1/traces", headers=headers)))
-        reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=f"{settings.endpoint}/v1/metrics", headers=headers),
-            export_interval_millis=settings.export_interval_s * 1000)
-        return cls(tracer_provider, MeterProvider(resource=resource, metric_readers=[reader]))
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # shutdown() stops them
+        tracer_provider.add_span_processor(BatchSpanProcessor(spans))
+        reader = PeriodicExportingMetricReader(metrics, export_interval_millis=settings.export_interval_s * 1000,
+                                               export_timeout_millis=settings.export_timeout_s * 1000)
+        meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+        return cls(tracer_provider, meter_provider, exporters=(spans, metrics), health=health,
+                   shutdown_timeout_s=settings.shutdown_timeout_s)
 
     def observe(self, row: Mapping[str, Any]) -> None:
         """One span, and the metric points of a generation. Never raises."""
@@ -243,7 +362,23 @@ class OtelExporter:
             if row.get(column) is not None:
                 self.tokens.record(row[column], {**attributes, "gen_ai.token.type": token_type})
 
-    def shutdown(self) -> None:
-        """Flush and stop; blocks on the network, so call it off the event loop."""
-        self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
+    def shutdown(self) -> bool:
+        """Flush spans and metrics (at once) and stop, for at most `shutdown_timeout_s`: False when it gave up
+        on a collector that is down or slow (said in one line). Blocks, so call it off the event loop."""
+        stoppers = [threading.Thread(target=stop, name=f"llmtap-otel-stop-{n}", daemon=True)
+                    for n, stop in enumerate((self.tracer_provider.shutdown, self.meter_provider.shutdown))]
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in stoppers):
+            return True
+        if self.health is not None:
+            self.health.gave_up(self.shutdown_timeout_s)
+        for exporter in self.exporters:  # ends their retry waits; the stoppers' threads are daemons
+            try:
+                exporter.shutdown()
+            except Exception:
+                pass
+        return False
