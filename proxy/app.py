@@ -15,10 +15,10 @@ from . import admin, client_key, websocket
 from .guard import is_preflight
 from .egress import client_ssl_context
 from .errors import error_response
-from .forward import TAG_KEY, relay, request_tag, split_raw_path
-from .meter import Meter
+from .forward import TAG_KEY, relay, split_raw_path, start_meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
+from .schema import Outcome
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN_PREFIX = "/_llmtap/"
@@ -126,7 +126,7 @@ CLIENT_KEY_NEEDED = ("llmtap: this route puts llmtap's upstream key in place of 
 
 def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str) -> web.Response:
     """Answer locally with an error in the API's shape, and leave a row that says so."""
-    _record_local(request, path, received, status, "http_error", (code, message))
+    _record_local(request, path, received, status, Outcome.HTTP_ERROR, (code, message))
     return error_response(path, status, message, code)
 
 
@@ -136,18 +136,17 @@ def preflight(request: web.Request, path: str, received: int) -> web.Response:
     if response is None:
         return reject(request, path, received, 403, "llmtap: CORS preflights are refused but from the origins "
                       "of `llmtap serve --allow-origin ORIGIN`", "refused_web_page")
-    _record_local(request, path, received, response.status, "ok", None)
+    _record_local(request, path, received, response.status, Outcome.OK, None)
     return response
 
 
-def _record_local(request: web.Request, path: str, received: int, status: int, outcome: str,
+def _record_local(request: web.Request, path: str, received: int, status: int, outcome: Outcome,
                   error: tuple[str, str] | None) -> None:
     state = request.app[STATE]
-    if state.config.measure:
-        meter = Meter(received_ns=received, method=request.method, path=path, query={},
-                      headers=request.headers, route="", upstream_host="", tag=request_tag(request, state))
-        meter.status = status
-        state.record(meter, outcome, error)
+    meter = start_meter(state, request, None, path, received, relayed=False)
+    if meter is not None:
+        meter.on_refused(status)
+        state.recorder.end(meter, outcome, error)
 
 
 @web.middleware

@@ -8,7 +8,6 @@ meter. When capture is off the plain `Meter` is used: the relay pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .decode import StreamDecoder
@@ -60,9 +59,10 @@ class _TeeSSE:
 
 
 class CapturingMeter(Meter):
-    def __init__(self, *, sink: Callable[[BodyRow], None], max_bytes: int, **fields: Any) -> None:
+    """Keeps the bodies row in `captured` when the request ends; the recorder hands it to the observers."""
+
+    def __init__(self, *, max_bytes: int, **fields: Any) -> None:
         super().__init__(**fields)
-        self._sink = sink
         self._max = max_bytes
         self._response = _Tap(max_bytes)
 
@@ -84,8 +84,8 @@ class CapturingMeter(Meter):
         result = super().finish(outcome, end_ns, error)
         secrets = self.secrets()
         response = self._response.text() if self._response.parts else None
-        self._sink((self.id, redact(request, secrets), redact(response, secrets), request_cut,
-                    self._response.truncated))
+        self.captured = (self.id, redact(request, secrets), redact(response, secrets), request_cut,
+                         self._response.truncated)
         return result
 
     def _request_text(self) -> tuple[str | None, bool]:
@@ -99,7 +99,7 @@ class CapturingMeter(Meter):
         return decoded[: self._max].decode("utf-8", "replace"), len(decoded) > self._max
 
 
-def make_meter(capture: bool, sink: Callable[[BodyRow], None] | None, max_kb: int, **fields: Any) -> Meter:
-    if capture and sink is not None:
-        return CapturingMeter(sink=sink, max_bytes=max(0, max_kb) * 1024, **fields)
+def make_meter(capture: bool, max_kb: int, **fields: Any) -> Meter:
+    if capture:
+        return CapturingMeter(max_bytes=max(0, max_kb) * 1024, **fields)
     return Meter(**fields)

@@ -15,13 +15,13 @@ from aiohttp import web
 
 from multidict import CIMultiDict
 
-from .capture import make_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
 from .redact import redact, request_secrets
 from .relay_state import STATE, ProxyState
 from .routes import Route
+from .schema import Outcome
 
 # aiohttp's client adds these when absent; a transparent relay must not.
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
@@ -34,7 +34,7 @@ class BodyTooLarge(Exception):
 class Finish(Exception):
     """Ends a relay early with an outcome for the row (the client already has its answer)."""
 
-    def __init__(self, outcome: str, error: tuple[str, str], response: web.StreamResponse) -> None:
+    def __init__(self, outcome: Outcome, error: tuple[str, str], response: web.StreamResponse) -> None:
         super().__init__(outcome)
         self.outcome, self.error, self.response = outcome, error, response
 
@@ -65,28 +65,20 @@ def request_tag(request: web.Request, state: ProxyState) -> str | None:
     return request.get(TAG_KEY) or request.headers.get(TAG_HEADER) or state.config.tag
 
 
-def new_meter(state: ProxyState, request: web.Request, route: Route, path: str, received: int) -> Meter | None:
-    cfg = state.config
-    if not cfg.measure:
-        return None
-    sink = state.store.put_body if cfg.capture_bodies and state.store is not None else None
-    meter = make_meter(
-        cfg.capture_bodies, sink, cfg.capture_max_kb,
-        received_ns=received,
-        method=request.method,
-        path=path,
-        query=dict(request.query) if request.query_string else {},
-        headers=request.headers,
-        route=route.label,
-        upstream_host=route.upstream.host or "",
-        tag=request_tag(request, state),
+def start_meter(state: ProxyState, request: web.Request, route: Route | None, path: str, received: int,
+                relayed: bool = True) -> Meter | None:
+    """`state.recorder.start` for this request (`route` None: no route matched)."""
+    return state.recorder.start(
+        received_ns=received, method=request.method, path=path,
+        query=request.query if request.query_string else {}, headers=request.headers,
+        route=route.label if route is not None else "", upstream_host=(route.upstream.host or "") if route else "",
+        tag=request_tag(request, state), credential=route.credential if route is not None else None,
+        relayed=relayed,
     )
-    meter.credential = route.credential
-    state.inflight[meter.id] = meter
-    return meter
 
 
-def upstream_headers(request: web.Request, route: Route, path: str) -> CIMultiDict[str]:
+def outgoing_headers(request: web.Request, route: Route, path: str) -> CIMultiDict[str]:
+    """The headers sent upstream: end-to-end ones, the credential injected where the route does."""
     headers = request_headers(request.headers)
     if route.credential:
         inject_credential(headers, api_shape(path), route.credential)
@@ -95,8 +87,8 @@ def upstream_headers(request: web.Request, route: Route, path: str) -> CIMultiDi
 
 async def relay(request: web.Request, route: Route, path: str, query: str, received: int) -> web.StreamResponse:
     state = request.app[STATE]
-    meter = new_meter(state, request, route, path, received)
-    outcome: str | None = None
+    meter = start_meter(state, request, route, path, received)
+    outcome: Outcome | None = None
     error: tuple[str, str] | None = None
     try:
         return await _relay(state, request, route, path, query, meter)
@@ -104,16 +96,16 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         outcome, error = fin.outcome, fin.error
         return fin.response
     except asyncio.CancelledError:
-        outcome, error = "client_disconnected", ("client_disconnected", "the client closed the connection")
+        outcome, error = Outcome.CLIENT_DISCONNECTED, ("client_disconnected", "the client closed the connection")
         raise
     except Exception as exc:  # a bug of ours: the client gets a clear 502, the row says why
         secrets = request_secrets(request.headers, request.query, (route.credential,))
-        outcome, error = "proxy_error", ("proxy_error", redact(f"{type(exc).__name__}: {exc}", secrets) or "")
+        outcome, error = Outcome.PROXY_ERROR, ("proxy_error", redact(f"{type(exc).__name__}: {exc}", secrets) or "")
         state.report(f"llmtap: internal error relaying {request.method} {path}: {error[1]}")
         return error_response(path, 502, f"llmtap internal error: {error[1]}", "llmtap_internal_error")
     finally:
         if meter is not None:
-            state.record(meter, outcome, error)
+            state.recorder.end(meter, outcome, error)
 
 
 async def _relay(
@@ -125,10 +117,9 @@ async def _relay(
         mb = state.config.max_body_mb
         resp = error_response(path, 413, f"request body is larger than llmtap's limit of {mb:g} MiB "
                               "(raise it with `llmtap serve --max-body-mb`)", "request_too_large")
-        raise _finish("http_error", ("request_too_large", f"request body over {mb:g} MiB"), resp, meter, 413)
+        raise _finish(Outcome.HTTP_ERROR, ("request_too_large", f"request body over {mb:g} MiB"), resp, meter, 413)
     if meter is not None:
-        meter.request_body = body
-        meter.request_bytes = len(body)
+        meter.on_request_read(body)
     url = route.target(path, query)
     upstream = await _open_upstream(state, request, url, body, meter, path, route)
     try:
@@ -139,9 +130,9 @@ async def _relay(
 
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
                          path: str, route: Route) -> aiohttp.ClientResponse:
-    headers = upstream_headers(request, route, path)
+    headers = outgoing_headers(request, route, path)
     if meter is not None:
-        meter.upstream_sent = perf_counter_ns()  # handed to the connection pool: llmtap's own part ends
+        meter.on_upstream_sent(perf_counter_ns())
     try:
         response = await state.session.request(
             request.method, url, headers=headers, data=body or None,
@@ -153,7 +144,7 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()
         status, code, message = proxy_refused(route, 407)
-        raise _finish("upstream_unreachable", (code, message), error_response(path, status, f"llmtap: {message}", code),
+        raise _finish(Outcome.UPSTREAM_UNREACHABLE, (code, message), error_response(path, status, f"llmtap: {message}", code),
                       meter, status)
     return response
 
@@ -163,15 +154,15 @@ def _unreachable(exc: BaseException, route: Route, path: str, meter: Meter | Non
     host = route.upstream.host
     if (failed := proxy_failure(exc, route)) is not None:
         status, code, message = failed
-        outcome = "upstream_timeout" if status == 504 else "upstream_unreachable"
+        outcome = Outcome.UPSTREAM_TIMEOUT if status == 504 else Outcome.UPSTREAM_UNREACHABLE
         return _finish(outcome, (code, message), error_response(path, status, f"llmtap: {message}", code),
                        meter, status)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         message = f"upstream {host} did not answer in time ({_cause(exc, 'timed out')})"
-        return _finish("upstream_timeout", ("upstream_timeout", message),
+        return _finish(Outcome.UPSTREAM_TIMEOUT, ("upstream_timeout", message),
                        error_response(path, 504, f"llmtap: {message}", "upstream_timeout"), meter, 504)
     message = f"cannot reach upstream {host}: {_cause(exc, 'connection failed')}"
-    return _finish("upstream_unreachable", ("upstream_unreachable", message),
+    return _finish(Outcome.UPSTREAM_UNREACHABLE, ("upstream_unreachable", message),
                    error_response(path, 502, f"llmtap: {message}", "upstream_unreachable"), meter, 502)
 
 
@@ -219,11 +210,11 @@ def _cause(exc: BaseException, default: str) -> str:
     return f"{type(inner).__name__}: {text}" if text != default else default
 
 
-def _finish(outcome: str, error: tuple[str, str], response: web.StreamResponse,
+def _finish(outcome: Outcome, error: tuple[str, str], response: web.StreamResponse,
             meter: Meter | None, status: int) -> Finish:
     """Before upstream headers: the client gets llmtap's own `response` with `status`."""
     if meter is not None:
-        meter.status = status
+        meter.on_refused(status)
     return Finish(outcome, error, response)
 
 
@@ -246,17 +237,17 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
             data = await content.readany()
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
             _abort(request)
-            raise _finish_after_headers("upstream_timeout", "the upstream went silent past the idle timeout", out)
+            raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
         except aiohttp.ClientError as exc:
             _abort(request)
-            raise _finish_after_headers("stream_truncated", f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
+            raise _finish_after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
         if not data:
             break
         t = perf_counter_ns()
         try:
             await out.write(data)
         except ConnectionResetError:
-            raise _finish_after_headers("client_disconnected", "the client closed the connection mid-response", out)
+            raise _finish_after_headers(Outcome.CLIENT_DISCONNECTED, "the client closed the connection mid-response", out)
         if meter is not None:
             try:
                 meter.on_chunk(data, t)
@@ -266,8 +257,8 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     return out
 
 
-def _finish_after_headers(outcome: str, message: str, out: web.StreamResponse) -> Finish:
-    return Finish(outcome, (outcome, message), out)
+def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:
+    return Finish(outcome, (str(outcome), message), out)
 
 
 def _abort(request: web.Request) -> None:

@@ -30,6 +30,7 @@ from aiohttp import web
 from .clients import tool_from_headers
 from .meter import Meter
 from .relay_state import ProxyState
+from .recorder import Finished
 from .request_info import parse_request
 
 TICK_S = 0.25
@@ -65,7 +66,7 @@ class Viewer:
 
 
 class LiveFeed:
-    """The proxy side of the feed; in `state.listeners` exactly while viewers are connected."""
+    """The proxy side of the feed; one of the recorder's observers exactly while viewers are connected."""
 
     def __init__(self, state: ProxyState, tick_s: float = TICK_S) -> None:
         self.state, self.tick_s = state, tick_s
@@ -75,17 +76,16 @@ class LiveFeed:
         self.labels: dict[str, Labels] = {}  # by meter id: parsed once per request
         self.task: asyncio.Task[None] | None = None
 
-    def __call__(self, row: dict[str, Any]) -> None:
-        """A finished row (a `ProxyState` listener): keep a reference until the next tick."""
+    def __call__(self, finished: Finished) -> None:
+        """A finished request (the recorder's observer): keep a reference to its row until the next tick."""
         if len(self.finished) == self.finished.maxlen:
             self.finished_dropped += 1
-        self.finished.append(row)
+        self.finished.append(finished.row)
 
     def join(self, queue_size: int = VIEWER_QUEUE) -> Viewer:
         viewer = Viewer(queue_size)
         self.viewers.add(viewer)
-        if self not in self.state.listeners:
-            self.state.listeners.append(self)
+        self.state.recorder.observe(self)
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run())  # referenced here until it ends
         return viewer
@@ -94,8 +94,7 @@ class LiveFeed:
         self.viewers.discard(viewer)
         if self.viewers:
             return
-        if self in self.state.listeners:
-            self.state.listeners.remove(self)
+        self.state.recorder.forget(self)
         self.finished.clear()
         self.labels.clear()
         if self.task is not None:
@@ -116,7 +115,7 @@ class LiveFeed:
     def tick(self) -> bytes:
         """One serialised tick; takes the finished rows."""
         now_ns, now = time.perf_counter_ns(), time.time()
-        meters = list(self.state.inflight.values())
+        meters = list(self.state.recorder.inflight.values())
         self._forget_finished_labels()
         finished = [finished_entry(row) for row in self.finished]
         self.finished.clear()
@@ -142,7 +141,7 @@ class LiveFeed:
         return labels
 
     def _forget_finished_labels(self) -> None:
-        for meter_id in [k for k in self.labels if k not in self.state.inflight]:
+        for meter_id in [k for k in self.labels if k not in self.state.recorder.inflight]:
             del self.labels[meter_id]
 
 
@@ -182,9 +181,9 @@ def finished_entry(row: dict[str, Any]) -> dict[str, Any]:
 
 def feed_of(state: ProxyState) -> LiveFeed:
     """The state's feed: the one registered as a listener, else a new one."""
-    for listener in state.listeners:
-        if isinstance(listener, LiveFeed):
-            return listener
+    for observer in state.recorder.observers:
+        if isinstance(observer, LiveFeed):
+            return observer
     return LiveFeed(state)  # registered by its first join, which follows without an await
 
 

@@ -1,9 +1,20 @@
 """One request's marks and metrics, from a copy of what the relay moved.
 
-The relay calls, in order: `response_started`, `on_chunk` for every read, and
-`finish` once. Every timestamp is `time.perf_counter_ns()` taken by the relay
-right after the read; every duration in the row is milliseconds since
-`received` (the request's arrival at the proxy).
+The relay tells the meter what happened, as it happens, with named events (each method's
+docstring says exactly when it fires; mitmproxy's hook style):
+
+- `on_request_read(body)`: the request's body has been read whole;
+- `on_upstream_sent(t)`: the request was handed to the upstream connection pool;
+- `response_started(status, headers, t)`: the upstream's status and headers arrived;
+- `on_chunk(data, t)`: one read of the response body, already written to the client
+  (`on_message(payload, t)` for one upstream frame of a WebSocket response);
+- `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
+- `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
+
+The request ends with `proxy.recorder.Recorder.end(meter, outcome, error)`, which calls `finish`
+once to build the row. Every timestamp is `time.perf_counter_ns()` taken by the relay right
+after the I/O; every duration in the row is milliseconds since `received` (the request's arrival
+at the proxy). The meter does no I/O: it is testable without a socket.
 
 The meter never raises into the relay: the relay wraps each call, and a
 failure here marks the row (`parse_error`) instead of touching traffic.
@@ -27,6 +38,7 @@ from .dialects.detect import detect_dialect
 from .fingerprint import key_fingerprint, secret_fingerprint
 from .redact import redact, request_secrets
 from .request_info import parse_request
+from .schema import Outcome
 from .sse import SSEParser
 from .stats import quantile
 
@@ -58,7 +70,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_sse", "broken", "chars",
+        "_sse", "broken", "captured", "chars",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -109,11 +121,33 @@ class Meter:
         self.chars = 0
         self.broken: str | None = None
         self.partial = False  # the meter skipped part of the response: a missing terminal event proves nothing
+        self.captured: tuple[Any, ...] | None = None  # the bodies row, with --capture-bodies (proxy/capture.py)
 
     # -- the relay's observation points --------------------------------------
 
+    def on_request_read(self, body: bytes) -> None:
+        """The request's body has been read whole, before anything goes upstream."""
+        self.request_body = body
+        self.request_bytes = len(body)
+
+    def on_upstream_sent(self, t_ns: int) -> None:
+        """The request was handed to the upstream connection pool: llmtap's own part ends here."""
+        self.upstream_sent = t_ns
+
+    def on_refused(self, status: int) -> None:
+        """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
+        reach): no response came from upstream."""
+        self.status = status
+
+    def on_websocket_turn(self, frame: bytes, t_ns: int) -> None:
+        """A client's `response.create` frame opened a response on a WebSocket (already upgraded:
+        status 101, and every response on it streams)."""
+        self.on_request_read(frame)
+        self.status, self.is_stream = 101, True
+        self.upstream_sent = self.upstream_headers = t_ns
+
     def response_started(self, status: int, headers: CIMultiDictProxy[str], t_ns: int) -> None:
-        """Upstream status and headers arrived."""
+        """The upstream's status and headers arrived (before any of the body is written to the client)."""
         self.upstream_headers = t_ns
         self.status = status
         self.retry_after = headers.get("retry-after")
@@ -261,7 +295,7 @@ class Meter:
     # -- the row ----------------------------------------------------------------
 
     def finish(
-        self, outcome: str | None, end_ns: int, error: tuple[str, str] | None = None
+        self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None
     ) -> tuple[dict[str, Any], list[tuple]]:
         """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
         self.drain()
@@ -318,7 +352,7 @@ class Meter:
             "response_bytes": self.response_bytes,
             "error_type": error[0] if error else None,
             "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
-            "outcome": outcome or self._outcome(),
+            "outcome": str(outcome or self._outcome()),
             "parse_error": self._clean(parse_error),
             "empty_choices_chunks": d.empty_choices_chunks,
             "retry_after": self.retry_after,
@@ -362,14 +396,14 @@ class Meter:
         """Upstream error messages can echo a key back; messages of ours can hold a URL with one."""
         return redact(text, self.secrets()) if text else text
 
-    def _outcome(self) -> str:
+    def _outcome(self) -> Outcome:
         if self.status is not None and self.status >= 400:
-            return "http_error"
+            return Outcome.HTTP_ERROR
         if self.dialect.error_type is not None:
-            return "stream_error"
+            return Outcome.STREAM_ERROR
         if self.is_stream and self.dialect.has_terminal_event and not self.dialect.terminal and not self.partial:
-            return "stream_truncated"
-        return "ok"
+            return Outcome.STREAM_TRUNCATED
+        return Outcome.OK
 
     def _parse_body(self) -> None:
         body = b"".join(self._body or ())

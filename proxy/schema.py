@@ -10,6 +10,8 @@ The README's "Columns" section defines each one; keep the two in step.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 # (name, DuckDB type)
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # who and what
@@ -91,16 +93,20 @@ BODY_COLUMNS: tuple[tuple[str, str], ...] = (
 REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)
 CHUNK_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in CHUNK_COLUMNS)
 
-OUTCOMES = (
-    "ok",
-    "http_error",
-    "upstream_unreachable",
-    "upstream_timeout",
-    "client_disconnected",
-    "stream_truncated",
-    "stream_error",
-    "proxy_error",
-)
+class Outcome(StrEnum):
+    """How a request ended: the `outcome` column (docs/columns.md defines each)."""
+
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    STREAM_TRUNCATED = "stream_truncated"
+    STREAM_ERROR = "stream_error"
+    PROXY_ERROR = "proxy_error"
+
+
+OUTCOMES = tuple(Outcome)
 
 
 def create_tables_sql() -> str:

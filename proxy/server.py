@@ -21,6 +21,7 @@ from .guard import Guard
 from .redact import scrub_library_logs
 from .metrics import PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
+from .recorder import on_rows, store_observer
 from .relay_state import ProxyState, _stderr
 from .store import QuerySetup, Store
 
@@ -65,6 +66,8 @@ def remote_warning(config: ServeConfig) -> str | None:
 class RunningProxy:
     """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
 
+    default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
+
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = _stderr,
                  query_setup: QuerySetup | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
@@ -77,8 +80,7 @@ class RunningProxy:
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
-            if query_setup is not None:
-                self.store.query_setup = query_setup
+            self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
                                 admin_token=admin_token(config), client_key=client_key() if injects else None,
@@ -86,14 +88,17 @@ class RunningProxy:
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
                                                loop_lag=self.state.loop_lag.summary)
-        self.state.listeners.append(self.state.metrics.observe)
+        recorder = self.state.recorder
+        if self.store is not None:
+            recorder.observe(store_observer(self.store, config.record_chunks))
+        recorder.observe(on_rows(self.state.metrics.observe))
         self.otel: OtelExporter | None = None
         if (otel_settings := OtelSettings.from_config(config)) is not None:
             try:
-                self.otel = OtelExporter.from_settings(otel_settings, report=report)
+                self.otel = OtelExporter.from_settings(otel_settings)
             except OtelUnavailable as exc:
                 raise ConfigError(str(exc)) from None
-            self.state.listeners.append(self.otel.observe)
+            recorder.observe(on_rows(self.otel.observe))
         self.runner: web.AppRunner | None = None
         self.port = config.port
         self.listening: list[str] = []  # the addresses it listens on
@@ -149,12 +154,12 @@ class RunningProxy:
 
     def flush(self, timeout: float = 10) -> bool:
         """Every row of a request that is over, written; False on timeout. Blocks: for tests and tools."""
-        self.state.record_ended()
+        self.state.recorder.record_ended()
         return self.store.flush(timeout) if self.store is not None else True
 
     async def aflush(self, timeout: float = 10) -> bool:
         """`flush` without blocking the event loop: the rows are built here, the wait is in a thread."""
-        self.state.record_ended()
+        self.state.recorder.record_ended()
         if self.store is None:
             return True
         return await asyncio.get_running_loop().run_in_executor(None, self.store.flush, timeout)
@@ -163,7 +168,7 @@ class RunningProxy:
         if self.runner is not None:
             await self.runner.cleanup()  # handlers still running end here, and record their requests
             self.runner = None
-        self.state.record_ended()
+        self.state.recorder.record_ended()
         if self.store is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         if self.otel is not None:

@@ -14,10 +14,11 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from .errors import error_response
-from .forward import new_meter, proxy_failure, proxy_refused, upstream_headers
+from .forward import outgoing_headers, proxy_failure, proxy_refused, start_meter
 from .meter import Meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
+from .schema import Outcome
 
 # aiohttp's WebSocket client makes its own handshake headers.
 _HANDSHAKE = ("sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
@@ -43,15 +44,12 @@ class _Turns:
     def client_frame(self, text: str) -> None:
         if not self.state.config.measure or '"response.create"' not in text:
             return
-        self.end("stream_truncated", ("superseded", "a new response.create arrived before this response ended"))
+        self.end(Outcome.STREAM_TRUNCATED, ("superseded", "a new response.create arrived before this response ended"))
         now = perf_counter_ns()
-        meter = new_meter(self.state, self.request, self.route, self.path, now)
+        meter = start_meter(self.state, self.request, self.route, self.path, now)
         if meter is None:
             return
-        meter.request_body = text.encode()
-        meter.request_bytes = len(meter.request_body)
-        meter.status, meter.is_stream = 101, True
-        meter.upstream_sent = meter.upstream_headers = now
+        meter.on_websocket_turn(text.encode(), now)
         self.meter = meter
 
     def upstream_frame(self, data: bytes) -> None:
@@ -65,9 +63,9 @@ class _Turns:
         if meter.dialect.terminal:
             self.end(None, None)
 
-    def end(self, outcome: str | None, error: tuple[str, str] | None) -> None:
+    def end(self, outcome: Outcome | None, error: tuple[str, str] | None) -> None:
         if self.meter is not None:
-            self.state.record(self.meter, outcome, error)
+            self.state.recorder.end(self.meter, outcome, error)
             self.meter = None
 
 
@@ -76,7 +74,7 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     turns = _Turns(state, request, route, path)
     url = route.target(path, query)
     url = url.with_scheme("wss" if url.scheme == "https" else "ws")
-    headers = upstream_headers(request, route, path)
+    headers = outgoing_headers(request, route, path)
     for name in _HANDSHAKE:
         headers.popall(name, None)
     try:
@@ -86,35 +84,35 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
             status, code, message = proxy_refused(route, 407)
-            return _refuse(turns, received, status, message, code, "upstream_unreachable")
+            return _refuse(turns, received, status, message, code, Outcome.UPSTREAM_UNREACHABLE)
         message = f"upstream refused the WebSocket upgrade with HTTP {exc.status}"
-        return _refuse(turns, received, exc.status, message, "websocket_refused", "http_error")
+        return _refuse(turns, received, exc.status, message, "websocket_refused", Outcome.HTTP_ERROR)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if (failed := proxy_failure(exc, route)) is not None:
             status, code, message = failed
             return _refuse(turns, received, status, message, code,
-                           "upstream_timeout" if status == 504 else "upstream_unreachable")
+                           Outcome.UPSTREAM_TIMEOUT if status == 504 else Outcome.UPSTREAM_UNREACHABLE)
         message = f"cannot reach upstream {route.upstream.host} for a WebSocket: {type(exc).__name__}"
-        return _refuse(turns, received, 502, message, "upstream_unreachable", "upstream_unreachable")
+        return _refuse(turns, received, 502, message, "upstream_unreachable", Outcome.UPSTREAM_UNREACHABLE)
     client = web.WebSocketResponse(protocols=_protocols(request), autoping=True, max_msg_size=0, compress=False)
     await client.prepare(request)
     try:
         closer = await _pump(client, upstream, turns)
     except asyncio.CancelledError:
-        turns.end("client_disconnected", ("client_disconnected", "the client closed the WebSocket"))
+        turns.end(Outcome.CLIENT_DISCONNECTED, ("client_disconnected", "the client closed the WebSocket"))
         raise
     finally:
         await upstream.close()
-    outcome = "client_disconnected" if closer == "client" else "stream_truncated"
-    turns.end(outcome, (outcome, f"the {closer} closed the WebSocket before the response completed"))
+    outcome = Outcome.CLIENT_DISCONNECTED if closer == "client" else Outcome.STREAM_TRUNCATED
+    turns.end(outcome, (str(outcome), f"the {closer} closed the WebSocket before the response completed"))
     return client
 
 
-def _refuse(turns: _Turns, received: int, status: int, message: str, code: str, outcome: str) -> web.Response:
+def _refuse(turns: _Turns, received: int, status: int, message: str, code: str, outcome: Outcome) -> web.Response:
     """The upgrade failed before any frame: the client gets the status, the row says why."""
-    turns.meter = new_meter(turns.state, turns.request, turns.route, turns.path, received)
+    turns.meter = start_meter(turns.state, turns.request, turns.route, turns.path, received)
     if turns.meter is not None:
-        turns.meter.status = status
+        turns.meter.on_refused(status)
         turns.end(outcome, (code, message))
     return error_response(turns.path, status, f"llmtap: {message}", code)
 

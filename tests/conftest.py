@@ -10,13 +10,12 @@ import pytest
 from analysis.views import create_views
 from proxy.config import ServeConfig
 from proxy.server import RunningProxy
-from proxy.store import Store
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
 
 # The tests' composition root, as proxy/cli.py is serve's: admin queries see analysis's named views.
-Store.query_setup = staticmethod(create_views)
+RunningProxy.default_query_setup = staticmethod(create_views)
 
 
 @pytest.fixture(autouse=True)

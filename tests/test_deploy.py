@@ -19,6 +19,7 @@ yaml = pytest.importorskip("yaml")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from proxy.recorder import on_rows
 from proxy.metrics import PrometheusMetrics  # noqa: E402
 from proxy.server import RunningProxy  # noqa: E402
 
@@ -128,7 +129,7 @@ def promql_parts(expr: str) -> tuple[set[str], set[str], set[tuple[str, str]]]:
 
 async def test_every_dashboard_query_names_what_the_scrape_has(proxy: RunningProxy) -> None:
     metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
-    proxy.state.listeners.append(metrics.observe)
+    proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy)
     while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured
         await asyncio.sleep(0.01)

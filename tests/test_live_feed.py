@@ -23,7 +23,7 @@ LIVE = "/_llmtap/live"
 
 
 def feeds(p: RunningProxy) -> list[LiveFeed]:
-    return [x for x in p.state.listeners if isinstance(x, LiveFeed)]
+    return [x for x in p.state.recorder.observers if isinstance(x, LiveFeed)]
 
 
 async def claude_stream(s: aiohttp.ClientSession, base: str, session_id: str, tokens: int = 40,
@@ -123,7 +123,7 @@ def test_viewer_queue_is_bounded_and_counts_what_it_drops() -> None:
 async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator, tmp_path: Path) -> None:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         feed = LiveFeed(p.state, tick_s=0.005)  # the real feed, ticking fast to fill the socket quickly
-        p.state.listeners.append(feed)
+        p.state.recorder.observe(feed)
         async with aiohttp.ClientSession() as s:
             big = "x" * 4000  # long session ids make ticks of ~80 kB
             load = [asyncio.create_task(claude_stream(s, p.url, f"s{i}-{big}", tokens=1, ttft_ms=8000))

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.recorder import on_rows
 from proxy.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, PrometheusMetrics
 from proxy.relay_state import ProxyState
 from proxy.schema import REQUEST_COLUMN_NAMES
@@ -67,7 +68,7 @@ def lbl(route: str, model: str, tool: str, status_class: str, **more: str) -> di
 
 async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
     metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
-    proxy.state.listeners.append(metrics.observe)
+    proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy)
     assert proxy.flush(10)
     while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
+from proxy.recorder import on_rows
 from proxy.config import ServeConfig  # noqa: E402
 from proxy.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
 from proxy.otel import OtelExporter, OtelSettings  # noqa: E402
@@ -43,7 +44,7 @@ def memory() -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
 
 async def test_spans_from_real_requests(proxy: RunningProxy, memory) -> None:
     exporter, spans, _ = memory
-    proxy.state.listeners.append(exporter.observe)
+    proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)
     recorded = {r["id"]: r for r in rows(proxy)}
     by_name = {s.name: s for s in spans.get_finished_spans()}
@@ -84,7 +85,7 @@ async def test_the_operation_is_the_requests_kind(proxy: RunningProxy, memory) -
     from .cli_traffic import CLAUDE_HEADERS, MESSAGES, codex_websocket_turn
 
     exporter, spans, reader = memory
-    proxy.state.listeners.append(exporter.observe)
+    proxy.state.recorder.observe(on_rows(exporter.observe))
     async with aiohttp.ClientSession() as s:
         async with s.post(proxy.url + "/v1/messages/count_tokens", headers=CLAUDE_HEADERS,
                           json={"model": "claude-x", "messages": MESSAGES}) as r:
@@ -113,7 +114,7 @@ def histograms(reader: InMemoryMetricReader) -> dict[str, list]:
 
 async def test_metrics_from_real_requests(proxy: RunningProxy, memory) -> None:
     exporter, _, reader = memory
-    proxy.state.listeners.append(exporter.observe)
+    proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)
     found = histograms(reader)
     assert set(found) == {"gen_ai.client.operation.duration", "gen_ai.client.operation.time_to_first_chunk",
@@ -155,7 +156,7 @@ async def test_otlp_http_export_to_a_collector(proxy: RunningProxy, collector) -
     url, received = collector
     settings = OtelSettings(endpoint=url, headers={"Authorization": "Bearer t0ken"}, service_name="gw-1")
     exporter = OtelExporter.from_settings(settings)
-    proxy.state.listeners.append(exporter.observe)
+    proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)
     await asyncio.get_running_loop().run_in_executor(None, exporter.shutdown)  # flushes both
     paths = {path for path, _, _ in received}

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.top.feed import backfill, ticks
+from proxy.live import LiveFeed
 from analysis.top.model import TopModel, quantile
 from proxy.cli import main
 from proxy.server import RunningProxy
@@ -74,7 +75,7 @@ async def recorded(sim: Simulator, tmp_path: Path) -> tuple[Path, TopModel]:
 
             watcher = asyncio.create_task(watch())
             async with asyncio.timeout(5):
-                while not p.state.listeners:  # subscribed before the traffic starts
+                while not any(isinstance(x, LiveFeed) for x in p.state.recorder.observers):  # subscribed
                     await asyncio.sleep(0.01)
             await agents(p.url)
             async with asyncio.timeout(5):

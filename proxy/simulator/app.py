@@ -13,6 +13,7 @@ from . import anthropic, gemini, openai_chat, openai_responses, websocket
 from .config import SimConfig
 from .exchange import STARTED, SimError
 from .respond import error_response, json_response
+from .slowstart import SlowStart
 from .state import STATE, RecordedRequest, SimState
 
 DEFAULT_MODELS = ("sim-gpt", "sim-claude", "sim-gemini")
@@ -61,6 +62,14 @@ async def _not_found(request: web.Request) -> web.Response:
     raise SimError("openai", 404, f"Unknown path: {request.method} {request.path}")
 
 
+async def _keep_alive_or_close(request: web.Request, response: web.StreamResponse) -> None:
+    """With `keep_alive` off, every answer says `Connection: close` (before its headers go out), so
+    the client opens a new connection for each request. A WebSocket stays open."""
+    if not request.app[STATE].config.keep_alive and response.status != 101:
+        response.force_close()
+        response.headers["Connection"] = "close"  # the headers are made before this hook runs
+
+
 async def _close_websockets(app: web.Application) -> None:
     for ws in list(app[STATE].websockets):
         await ws.close()
@@ -71,6 +80,7 @@ def make_simulator_app(config: SimConfig | None = None, *, record: bool = True) 
     app = web.Application(middlewares=[_observe], client_max_size=64 * 1024 * 1024)
     app[STATE] = SimState(config or SimConfig(), record=record)
     app.on_shutdown.append(_close_websockets)
+    app.on_response_prepare.append(_keep_alive_or_close)
     app.router.add_route("HEAD", "/", _ok)
     app.router.add_route("HEAD", "/api/hello", _ok)
     app.router.add_post("/v1/chat/completions", openai_chat.handle)
@@ -94,7 +104,9 @@ class Simulator:
     path_qs, headers with lower-case names, raw body as received) and
     .active_streams. Request bodies are not decompressed on arrival, so
     .requests shows exactly what a proxy forwarded. With `ssl_context` it
-    serves https (the context holds its certificate).
+    serves https (the context holds its certificate). With a config's
+    connect_delay_ms, a `SlowStart` front holds each new connection on the
+    public port and the server itself listens on another loopback port.
     """
 
     def __init__(
@@ -106,6 +118,7 @@ class Simulator:
         self.port = port
         self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
+        self._front: SlowStart | None = None
 
     @property
     def state(self) -> SimState:
@@ -128,6 +141,11 @@ class Simulator:
         return self.state.active_streams
 
     @property
+    def connections(self) -> int | None:
+        """Connections accepted so far, with connect_delay_ms (None without)."""
+        return self._front.connections if self._front is not None else None
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.ssl_context else 'http'}://{host}:{self.port}"
@@ -136,11 +154,23 @@ class Simulator:
         runner = web.AppRunner(self.app, access_log=None, auto_decompress=False, shutdown_timeout=1.0)
         await runner.setup()
         self._runner = runner
-        await web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context).start()
+        delay, public = self.config.connect_delay_ms, self.port
+        inner = ("::1" if ":" in self.host else "127.0.0.1", 0) if delay else (self.host, public)
+        await web.TCPSite(runner, *inner, ssl_context=self.ssl_context).start()
         self.port = runner.addresses[0][1]
+        if delay:
+            self._front = SlowStart(delay / 1000, inner[0], self.port)
+            try:
+                self.port = await self._front.start(self.host, public)
+            except BaseException:
+                await self.__aexit__()
+                raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        if self._front is not None:
+            await self._front.close()
+            self._front = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

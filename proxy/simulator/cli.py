@@ -59,6 +59,12 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 )
 @click.option("--capacity", type=COUNT, default=0, show_default=True, help="Streams at full speed (0: no limit).")
 @click.option("--model", help="Model name in responses (default: echo the request's).")
+@click.option("--headers-delay-ms", type=MS, default=0, show_default=True,
+              help="Hold every response's headers this long (a slower channel: an aggregator, a far region).")
+@click.option("--connect-delay-ms", type=MS, default=0, show_default=True,
+              help="Hold each new connection this long (in the TLS handshake for https): a fresh connection's cost.")
+@click.option("--no-keep-alive", "keep_alive", flag_value=False, default=True,
+              help="Close each connection after its response: every request opens a new one.")
 def mock_upstream(host: str, port: int, **fields: Any) -> None:
     """Run a simulated OpenAI / Anthropic / Gemini upstream until Ctrl-C."""
     try:

@@ -17,6 +17,16 @@ class SimConfig:
     time. The effective TTFT is ttft_ms + uncached input tokens *
     prefill_us_per_token / 1000. With capacity > 0, each inter-token delay is
     scaled by active/capacity while more than `capacity` generations run.
+
+    To stand in for a slower channel (an aggregator, a corporate proxy, a far
+    region): headers_delay_ms holds every API response's headers (and a
+    WebSocket response's first frame) that long, the tokens shifted with
+    them; connect_delay_ms holds each new connection that long before the
+    server sees its first bytes (inside the TLS handshake for https, before
+    the first response for http: the kernel completes the TCP handshake
+    itself); keep_alive False closes each connection after its response, so
+    every request opens a new one. connect_delay_ms takes effect when the
+    Simulator starts.
     """
 
     ttft_ms: float = 50
@@ -32,6 +42,9 @@ class SimConfig:
     prefill_us_per_token: float = 20.0
     capacity: int = 0
     model: str | None = None
+    headers_delay_ms: float = 0
+    connect_delay_ms: float = 0
+    keep_alive: bool = True
 
 
 class BadOverride(ValueError):
@@ -81,6 +94,7 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-gzip": ("gzip", _flag),
     "x-sim-cache-read-tokens": ("cache_read_tokens", _count),
     "x-sim-prefill-us-per-token": ("prefill_us_per_token", _duration),
+    "x-sim-headers-delay-ms": ("headers_delay_ms", _duration),
 }
 
 

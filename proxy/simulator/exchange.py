@@ -98,7 +98,8 @@ class Exchange:
                 self.output = max_tokens - self.reasoning
 
     def clock(self, state: SimState) -> TokenClock:
-        ttft_ms = self.config.ttft_ms + self.input_tokens * self.config.prefill_us_per_token / 1000
+        ttft_ms = self.config.headers_delay_ms + self.config.ttft_ms
+        ttft_ms += self.input_tokens * self.config.prefill_us_per_token / 1000
         return TokenClock(self.started, ttft_ms / 1000, self.config.itl_ms / 1000, state.load)
 
 
@@ -158,6 +159,8 @@ def effective_config(api: Api, state: SimState, headers: Any) -> SimConfig:
 async def open_exchange(request: web.Request, api: Api) -> Exchange:
     """Parse the request into an Exchange, or raise SimError (bad input, or an injected status)."""
     config = effective_config(api, request.app[STATE], request.headers)
+    if config.headers_delay_ms:  # a slower channel: nothing, not even an error, before this
+        await asyncio.sleep(config.headers_delay_ms / 1000)
     raw = decode_body(await request.read(), request.headers.get("Content-Encoding"))
     body = parse_json(api, raw)
     gzip = config.gzip and accepts_gzip(request.headers.get("Accept-Encoding"))

@@ -46,6 +46,8 @@ async def _respond(request: web.Request, ws: web.WebSocketResponse, config: SimC
         config = dataclasses.replace(config, tokens=0, reasoning_tokens=0, tool_call=False, ttft_ms=0)
     ex = Exchange("openai", config, body, asyncio.get_running_loop().time())
     plan(ex)
+    if config.headers_delay_ms:  # a slower channel: the response's first frame waits (its tokens too)
+        await asyncio.sleep(config.headers_delay_ms / 1000)
 
     async def send(data: bytes) -> None:
         await ws.send_str(data.decode())
@@ -78,6 +80,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if config.error_status is not None:
         raise SimError("openai", config.error_status)
     ws.headers.update(id_headers("openai", new_request_id()))
+    if config.headers_delay_ms:
+        await asyncio.sleep(config.headers_delay_ms / 1000)
     await ws.prepare(request)
     state.websockets.add(ws)
     try:
