@@ -99,7 +99,8 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
 @contextmanager
 def opened(db_path: Path, sources: tuple[str, ...] = (), writes_to: str | None = None) -> Iterator[Source]:
     """The source for `db_path` (or for the `--from` inputs), with its errors turned into click errors.
-    Its SQL touches no file but its inputs and `writes_to`; an s3:// `writes_to` needs httpfs, unlocked."""
+    Its SQL touches no file but its inputs and `writes_to`; an s3:// `writes_to` needs httpfs or s3fs
+    and the network, unlocked."""
     remote = writes_to is not None and is_remote(writes_to)
     local_out = None if remote or writes_to is None else Path(writes_to).expanduser()
     db_path = _default_or_demo(db_path) if not sources else db_path
@@ -262,8 +263,9 @@ def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: P
     """Write requests and chunks as Parquet or CSV files.
 
     One directory per UTC day: DIR/requests/day=2026-11-30/, DIR/chunks/...
-    An s3:// DIR is written through DuckDB's httpfs, with credentials from
-    AWS_ACCESS_KEY_ID etc. or DuckDB's persistent secrets.
+    An s3:// DIR is written through DuckDB's httpfs when installed, else
+    s3fs (pip install 'llmtap[s3]'), with credentials from
+    AWS_ACCESS_KEY_ID etc. (AWS_ENDPOINT_URL for MinIO, R2, ...).
     """
     with opened(db_path, sources, writes_to=out_dir) as source:
         try:
