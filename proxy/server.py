@@ -95,7 +95,7 @@ class RunningProxy:
         self.otel: OtelExporter | None = None
         if (otel_settings := OtelSettings.from_config(config)) is not None:
             try:
-                self.otel = OtelExporter.from_settings(otel_settings)
+                self.otel = OtelExporter.from_settings(otel_settings, report=report)
             except OtelUnavailable as exc:
                 raise ConfigError(str(exc)) from None
             recorder.observe(on_rows(self.otel.observe))
