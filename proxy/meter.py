@@ -38,14 +38,13 @@ from .dialects.detect import detect_dialect
 from .fingerprint import key_fingerprint, secret_fingerprint
 from .redact import redact, request_secrets
 from .request_info import parse_request
-from .schema import Outcome
+from .schema import ERROR_MESSAGE_MAX, Outcome
 from .sse import SSEParser
 from .stats import quantile
 
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
 # One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
 MAX_SSE_EVENT = 8 * 1024 * 1024
-ERROR_MESSAGE_MAX = 500
 PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
 PENDING_BYTES = 256 * 1024
 # Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
@@ -70,7 +69,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_sse", "broken", "captured", "chars",
+        "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -99,6 +98,7 @@ class Meter:
         self.request_bytes: int | None = None
         self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
         self.upstream_sent: int | None = None
+        self.connection: ConnectionMarks | None = None  # stamped by the upstream session's trace signals
         self.upstream_headers: int | None = None
         self.first_byte: int | None = None
         self.status: int | None = None
@@ -130,9 +130,13 @@ class Meter:
         self.request_body = body
         self.request_bytes = len(body)
 
-    def on_upstream_sent(self, t_ns: int) -> None:
-        """The request was handed to the upstream connection pool: llmtap's own part ends here."""
+    def on_upstream_sent(self, t_ns: int, tls: bool = False) -> ConnectionMarks:
+        """The request was handed to the upstream connection pool: llmtap's own part ends here.
+        Returns the marks its connection's moments go in (proxy/conn_timing.py stamps them;
+        `tls`: an https upstream)."""
         self.upstream_sent = t_ns
+        self.connection = ConnectionMarks(tls)
+        return self.connection
 
     def on_refused(self, status: int) -> None:
         """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
@@ -145,6 +149,7 @@ class Meter:
         self.on_request_read(frame)
         self.status, self.is_stream = 101, True
         self.upstream_sent = self.upstream_headers = t_ns
+        self.connection = ConnectionMarks.open_already(t_ns)  # the WebSocket's, open before this turn
 
     def response_started(self, status: int, headers: CIMultiDictProxy[str], t_ns: int) -> None:
         """The upstream's status and headers arrived (before any of the body is written to the client)."""
@@ -323,6 +328,8 @@ class Meter:
         else:
             last = (times[-1] - r) / 1e6 if times else None
             gap_p50, gap_p99, gap_max = _gaps_ms(times)
+        conn = self.connection
+        pool_wait, dns, connect, tls, upstream_wait = (None,) * 5 if conn is None else conn.parts(sent, headers)
         u = d.usage
         out, source = u.output_tokens, "usage" if u.seen() else None
         if out is None and self.chars:
@@ -376,6 +383,14 @@ class Meter:
             "reasoning_tokens": u.reasoning_tokens,
             "tokens_source": source,
             "kind": info.kind,
+            "connection_reused": None if conn is None else conn.reused,
+            "pool_wait_ms": pool_wait,
+            "dns_ms": dns,
+            "connect_ms": connect,
+            "tls_ms": tls,
+            "upstream_wait_ms": upstream_wait,
+            "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
+            "decode_ms": last - ttft if last is not None and ttft is not None else None,
         }
         return row, self._chunk_rows()
 
@@ -413,6 +428,59 @@ class Meter:
             return
         if body:
             self.dialect.on_body(body)
+
+
+class ConnectionMarks:
+    """Where the wait between `upstream_sent` and the upstream's headers went: the moments of one
+    request's upstream connection (perf_counter_ns), stamped by aiohttp's trace signals
+    (proxy/conn_timing.py says which signal marks which). `parts` makes them the breakdown columns;
+    docs/breakdown-and-compare.md defines each."""
+
+    __slots__ = ("tls", "start", "dns_end", "tcp_end", "ready", "reused")
+
+    def __init__(self, tls: bool) -> None:
+        self.tls = tls  # an https upstream: a new connection has a TLS handshake
+        self.start: int | None = None  # opening a new connection began (no pooled one was free)
+        self.dns_end: int | None = None  # the host was resolved (never for an IP or a cached name)
+        self.tcp_end: int | None = None  # TCP connected (through a forward proxy: its tunnel too)
+        self.ready: int | None = None  # a connection to send on: a pooled one taken, or a new one up
+        self.reused: bool | None = None
+
+    @classmethod
+    def open_already(cls, t_ns: int) -> ConnectionMarks:
+        """A response on a connection opened before the request arrived (a WebSocket turn)."""
+        marks = cls(False)
+        marks.ready, marks.reused = t_ns, True
+        return marks
+
+    def parts(self, sent: int | None, headers: int | None) -> tuple[float | None, ...]:
+        """(pool_wait, dns, connect, tls, upstream_wait) in ms: consecutive intervals from `sent`
+        to `headers`, so they add up to `headers - sent` exactly. A reused connection spends 0 on
+        DNS, TCP and TLS; a plain-http one 0 on TLS. None where a moment never came (a connection
+        that failed, a request that never got headers), or for TLS when the connector could not
+        be hooked (proxy/conn_timing.py: the handshake is then inside `connect`)."""
+        ready = self.ready
+        if self.reused:
+            pool = _ms(ready, sent)
+            return pool, 0.0, 0.0, 0.0, _ms(headers, ready)
+        start = self.start
+        if start is None:  # no connection was asked for (the request failed before)
+            return None, None, None, None, None
+        dns_end = self.dns_end if self.dns_end is not None and self.dns_end >= start else start
+        tcp = self.tcp_end if self.tcp_end is not None and self.tcp_end >= dns_end else None
+        if ready is None:  # the connection failed: as far as it got
+            return _ms(start, sent), _ms(dns_end, start), _ms(tcp, dns_end), None, None
+        if not self.tls:
+            connect, tls = _ms(ready, dns_end), 0.0
+        elif tcp is None or tcp > ready:
+            connect, tls = _ms(ready, dns_end), None
+        else:
+            connect, tls = _ms(tcp, dns_end), _ms(ready, tcp)
+        return _ms(start, sent), _ms(dns_end, start), connect, tls, _ms(headers, ready)
+
+
+def _ms(end: int | None, begin: int | None) -> float | None:
+    return None if end is None or begin is None else (end - begin) / 1e6
 
 
 def _gaps_ms(times: list[int]) -> tuple[float | None, float | None, float | None]:

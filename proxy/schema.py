@@ -93,6 +93,9 @@ BODY_COLUMNS: tuple[tuple[str, str], ...] = (
 REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)
 CHUNK_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in CHUNK_COLUMNS)
 
+ERROR_MESSAGE_MAX = 500  # characters of `error_message` kept in a row
+
+
 class Outcome(StrEnum):
     """How a request ended: the `outcome` column (docs/columns.md defines each)."""
 

@@ -1,11 +1,11 @@
-"""Anthropic Messages (§A3).
+"""Anthropic Messages (`POST /v1/messages`, its SSE events `message_start` … `message_stop`).
 
 Output is a non-empty `content_block_delta` of type `text_delta`,
 `thinking_delta` or `input_json_delta`; `signature_delta` and `citations_delta`
 carry no tokens. Usage starts in `message_start` and is updated by each
 `message_delta`, whose counts are cumulative: a field it carries replaces the
 one from `message_start`. Input is reported as input + cache creation + cache
-read, as the OpenTelemetry conventions define it (§D).
+read, as the OpenTelemetry GenAI conventions define it.
 """
 
 from __future__ import annotations

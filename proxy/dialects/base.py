@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-ERROR_MESSAGE_MAX = 1000
+from ..schema import ERROR_MESSAGE_MAX
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is three times slower to make, once per event
@@ -118,7 +118,7 @@ class Dialect:
             kind, message = None, error
         self.error_type = str(kind) if kind else "error"
         if message is not None:
-            self.error_message = str(message)[:ERROR_MESSAGE_MAX]
+            self.error_message = str(message)[:ERROR_MESSAGE_MAX * 2]  # room for redaction; the row keeps the max
 
     def load_body(self, body: bytes) -> Any:
         """The parsed JSON of a whole body, or None after noting why it is not."""

@@ -1,4 +1,4 @@
-"""Gemini `generateContent` / `streamGenerateContent` (§A4).
+"""Gemini `generateContent` / `streamGenerateContent`.
 
 Each SSE event is a whole GenerateContentResponse. Output is a non-empty
 `parts[].text` (a thought summary when the part has `"thought": true`) or a

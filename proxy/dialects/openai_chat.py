@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions and the many APIs that copy it (§A1).
+"""OpenAI Chat Completions and the many APIs that copy it (`chat.completion.chunk` events).
 
 Output is any non-empty `delta.content`, `refusal`, reasoning text
 (`reasoning_content` from DeepSeek and vLLM, `reasoning` from OpenRouter) or

@@ -1,4 +1,4 @@
-"""OpenAI Responses API (§A2), the API Codex speaks, over SSE or WebSocket.
+"""OpenAI Responses API (`response.*` events), the API Codex speaks, over SSE or WebSocket.
 
 Events are told apart by their JSON `type`. Output is the string `delta` of
 the token-carrying `*.delta` events below; everything else is structure.
