@@ -1,0 +1,64 @@
+"""proxy/meter.py without a socket: the named events, in the order the relay fires them, make the row."""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.meter import Meter
+from proxy.schema import Outcome
+
+MS = 1_000_000  # ns
+
+
+def meter(path: str = "/v1/chat/completions") -> Meter:
+    return Meter(received_ns=0, method="POST", path=path, query={}, headers=CIMultiDictProxy(CIMultiDict()),
+                 route="/", upstream_host="up", tag=None)
+
+
+def headers(**values: str) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict({k.replace("_", "-"): v for k, v in values.items()}))
+
+
+def test_a_stream_through_every_event() -> None:
+    m = meter()
+    m.on_request_read(b'{"model": "gpt-x", "stream": true, "messages": []}')
+    m.on_upstream_sent(2 * MS)
+    m.response_started(200, headers(content_type="text/event-stream"), 50 * MS)
+    for i, t in enumerate((100, 120, 140)):
+        m.on_chunk(b'data: {"choices":[{"index":0,"delta":{"content":"tok%d"}}]}\n\n' % i, t * MS)
+    m.on_chunk(b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\ndata: [DONE]\n\n',
+               150 * MS)
+    row, chunks = m.finish(None, 160 * MS)
+    assert (row["request_model"], row["request_bytes"], row["status"], row["outcome"]) == ("gpt-x", 50, 200, "ok")
+    assert (row["proxy_overhead_ms"], row["upstream_headers_ms"], row["ttft_ms"], row["e2e_ms"]) == (2, 50, 100, 160)
+    assert (row["output_tokens"], row["tpot_ms"], row["output_events"]) == (3, 20, 3)
+    assert [c[2] for c in chunks] == [100, 120, 140]
+
+
+def test_refused_before_the_upstream() -> None:
+    m = meter("/v1/messages")
+    m.on_refused(401)
+    row, chunks = m.finish(Outcome.HTTP_ERROR, 1 * MS, ("invalid_client_key", "no"))
+    assert (row["status"], row["outcome"], row["error_type"], row["ttft_ms"], chunks) == (
+        401, "http_error", "invalid_client_key", None, [])
+
+
+def test_a_websocket_turn_streams_by_definition() -> None:
+    m = meter("/v1/responses")
+    m.on_websocket_turn(b'{"type": "response.create", "model": "gpt-x"}', 5 * MS)
+    m.on_message(b'{"type": "response.output_text.delta", "delta": "hi"}', 30 * MS)
+    m.on_message(b'{"type": "response.completed", "response": {"usage": {"input_tokens": 4, "output_tokens": 1}}}',
+                 40 * MS)
+    row, _ = m.finish(None, 41 * MS)
+    assert (row["status"], row["stream"], row["ttft_ms"], row["output_tokens"], row["outcome"]) == (
+        101, True, 30, 1, "ok")
+
+
+def test_a_stream_cut_before_its_terminal_event_is_truncated() -> None:
+    m = meter("/v1/messages")
+    m.on_request_read(b'{"model": "claude-x", "stream": true, "max_tokens": 5, "messages": []}')
+    m.response_started(200, headers(content_type="text/event-stream"), 10 * MS)
+    m.on_chunk(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+               b'"delta":{"type":"text_delta","text":"hi"}}\n\n', 20 * MS)
+    row, _ = m.finish(None, 30 * MS)
+    assert row["outcome"] == Outcome.STREAM_TRUNCATED
