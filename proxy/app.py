@@ -11,7 +11,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from . import admin, client_key, websocket
+from . import admin, client_key, conn_timing, websocket
 from .guard import is_preflight
 from .egress import client_ssl_context
 from .errors import error_response
@@ -167,9 +167,12 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
                                      ssl=client_ssl_context(cfg.ca_bundle))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
+    if cfg.measure:  # each request's connection moments (proxy/conn_timing.py): a signal or three per request
+        conn_timing.time_tcp_connects(connector)
     state.session = aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[conn_timing.trace_config()] if cfg.measure else None,
         **HTTP_LIMITS,
     )
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup

@@ -131,13 +131,12 @@ async def _relay(
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
                          path: str, route: Route) -> aiohttp.ClientResponse:
     headers = outgoing_headers(request, route, path)
-    if meter is not None:
-        meter.on_upstream_sent(perf_counter_ns())
+    marks = None if meter is None else meter.on_upstream_sent(perf_counter_ns(), tls=url.scheme == "https")
     try:
         response = await state.session.request(
             request.method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
-            proxy=route.proxy, proxy_auth=route.proxy_auth,
+            proxy=route.proxy, proxy_auth=route.proxy_auth, trace_request_ctx=marks,
         )
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None

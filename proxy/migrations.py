@@ -162,3 +162,16 @@ def m003_request_kind(con: duckdb.DuckDBPyConnection) -> None:
         """
     )
     con.execute("UPDATE requests SET stream = true WHERE status = 101 AND output_events > 0")
+
+
+@migration
+def m004_latency_breakdown(con: duckdb.DuckDBPyConnection) -> None:
+    """Where each request's time went (docs/breakdown-and-compare.md). Rows recorded before have
+    no breakdown: their two parts that older columns give are filled in (headers to first token,
+    first to last token); the connection's parts stay NULL."""
+    for name, type_ in (("connection_reused", "BOOLEAN"), ("pool_wait_ms", "DOUBLE"), ("dns_ms", "DOUBLE"),
+                        ("connect_ms", "DOUBLE"), ("tls_ms", "DOUBLE"), ("upstream_wait_ms", "DOUBLE"),
+                        ("headers_to_first_token_ms", "DOUBLE"), ("decode_ms", "DOUBLE")):
+        con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
+    con.execute("UPDATE requests SET headers_to_first_token_ms = ttft_ms - upstream_headers_ms,"
+                " decode_ms = last_token_ms - ttft_ms")

@@ -69,6 +69,17 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # what the request is (proxy/request_kind.py): generation, token_count, embedding, model_list,
     # probe, prewarm or other; last because m003 added it
     ("kind", "VARCHAR"),
+    # where the time to headers and to the first token went (m004; docs/breakdown-and-compare.md):
+    # proxy_overhead + pool_wait + dns + connect + tls + upstream_wait = upstream_headers_ms,
+    # + headers_to_first_token = ttft_ms, + decode = last_token_ms
+    ("connection_reused", "BOOLEAN"),
+    ("pool_wait_ms", "DOUBLE"),
+    ("dns_ms", "DOUBLE"),
+    ("connect_ms", "DOUBLE"),
+    ("tls_ms", "DOUBLE"),
+    ("upstream_wait_ms", "DOUBLE"),
+    ("headers_to_first_token_ms", "DOUBLE"),
+    ("decode_ms", "DOUBLE"),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
