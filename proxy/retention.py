@@ -108,10 +108,14 @@ def prune(con: duckdb.DuckDBPyConnection, *, rows_before: datetime | None, bodie
 def refuse_if_served(path: Path, doing: str) -> None:
     """RetentionError when a running `llmtap serve` records to `path`."""
     holder = next((s for s in running.states() if s.holds(path)), None)
-    if holder is not None:
-        raise RetentionError(
-            f"llmtap serve (PID {holder.pid}, {holder.url}) records to {path}: stop it before you {doing} "
-            "the file, or let serve do it as it runs (serve --retain-days N, --retain-bodies-days N)")
+    if holder is None:
+        return
+    if doing == "compact":
+        then = " (and start it again after); serve's own retention (--retain-days N) keeps it from growing meanwhile"
+    else:
+        then = ", or let serve delete old rows as it runs (serve --retain-days N, --retain-bodies-days N)"
+    raise RetentionError(f"llmtap serve (PID {holder.pid}, {holder.url}) records to {path}: "
+                         f"stop it before you {doing} the file{then}")
 
 
 def open_for_writing(path: Path, doing: str) -> duckdb.DuckDBPyConnection:

@@ -157,7 +157,7 @@ async def test_prune_and_compact_refuse_while_serve_holds_the_file(tmp_path: Pat
             assert done.exit_code == 1
             assert f"llmtap serve (PID {serve.proc.pid}, {serve.base}) records to {db}: stop it before you {command}" \
                 in done.output
-            assert "serve --retain-days N" in done.output
+            assert "--retain-days N" in done.output
         serve.stop()
     assert counts(db) == (0, 0, 0)
 
