@@ -13,7 +13,8 @@ such as DuckDB's `read_parquet(..., hive_partitioning = true)` restore it.
 DIR may be an object-storage URL (`s3://bucket/prefix`): DuckDB's httpfs, or
 s3fs, writes there (see `remote.py` for which, and credentials). Remote stores cannot be
 emptied first, so there `--overwrite` replaces the files of the days it
-writes and leaves other days' files alone.
+writes and leaves other days' files alone; its `--since` starts at the
+beginning of its UTC day (`whole_days`), so no day is replaced by part of it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,8 @@ def export(
     if fmt not in FORMATS:
         raise ExportError(f"cannot export as {fmt!r}: choose one of {', '.join(FORMATS)}")
     if is_remote(str(out_dir)):
+        if overwrite:
+            filters = whole_days(filters)
         try:
             return export_remote(source, str(out_dir), fmt, filters, overwrite, page_rows,
                                  os.environ if env is None else env)
@@ -175,6 +179,15 @@ def export(
             raise ExportError(f"cannot export {table}: {exc}") from None
         written.append(Written(table, directory, count_written(directory, fmt)))
     return written
+
+
+def whole_days(filters: Filters) -> Filters:
+    """`--since` from the start of its UTC day: an overwrite replaces a day's files whole, so a window
+    starting mid-day (`--since 2d`) would otherwise replace its first day with that day's later rows."""
+    if filters.since is None:
+        return filters
+    since = filters.since.astimezone(timezone.utc)
+    return replace(filters, since=since.replace(hour=0, minute=0, second=0, microsecond=0))
 
 
 def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrite: bool, page_rows: int,

@@ -202,13 +202,18 @@ def test_since_is_pushed_down_to_the_remote_parquet(s3: S3Server, gateways: Path
 def test_overwrite_replaces_the_days_it_writes(s3: S3Server, gateways: Path) -> None:
     target = f"s3://{BUCKET}/overwrite/gw-b"
     ok("export", "--db", str(gateways / "gw-b.duckdb"), "--out", target)
-    before = s3.keys("overwrite/")
+    before = s3.keys("overwrite/gw-b/")
     again = run("export", "--db", str(gateways / "gw-b.duckdb"), "--out", target)
     assert again.exit_code == 1 and "already hold files: pass --overwrite" in again.output, again.output
     # the last day again, with only one tag's rows: that day's file is replaced, the others are kept
     ok("export", "--db", str(gateways / "gw-b.duckdb"), "--out", target, "--overwrite", "--since", "2026-11-30",
        "--tag", "refactor")
-    assert s3.keys("overwrite/") == before  # the same objects
+    assert s3.keys("overwrite/gw-b/") == before  # the same objects
+    # a window that starts mid-day rewrites its first day whole, as the schedule in docs/team.md relies on
+    ok("export", "--db", str(gateways / "gw-b.duckdb"), "--out", f"s3://{BUCKET}/overwrite/mid-day")
+    ok("export", "--db", str(gateways / "gw-b.duckdb"), "--out", f"s3://{BUCKET}/overwrite/mid-day", "--overwrite",
+       "--since", "2026-11-29T12:00:00Z")
+    assert sql_json("SELECT count(*) AS n FROM requests", f"s3://{BUCKET}/overwrite/mid-day") == [{"n": 31}]
     [(expected,)] = local(gateways / "gw-b.duckdb", "SELECT count(*) FROM requests WHERE started_at <"
                           " TIMESTAMPTZ '2026-11-30 00:00:00+00' OR tag = 'refactor'")
     assert 9 < expected < 31
