@@ -83,6 +83,27 @@ def filter_options(f: F) -> F:
     return command  # type: ignore[return-value]
 
 
+def update_prices_option(f: F) -> F:
+    return click.option(
+        "--update-prices", is_flag=True,
+        help="Fetch genai-prices' latest price data first (network; off by default: the data in the package is used).",
+    )(f)
+
+
+def _update_prices(update: bool) -> None:
+    """With --update-prices: genai-prices' own update, waited for (a failure is one line)."""
+    if not update:
+        return
+    from proxy import prices
+
+    prices.enable_updates()
+    try:
+        if not prices.wait_updated(30):
+            click.echo("llmtap: genai-prices did not update in 30 s; using the data in the package", err=True)
+    except Exception as exc:  # the package raises its fetch's error
+        raise click.ClickException(f"cannot update prices: {type(exc).__name__}: {exc}") from None
+
+
 def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], models: tuple[str, ...],
                  tools: tuple[str, ...]) -> Filters:
     now = utc_now()
@@ -183,17 +204,20 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
 @db_option
 @from_option
 @output_options("table", "json", "csv")
+@update_prices_option
 def report(by: str, show_errors: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
-           filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
-    """Latency, errors and tokens by model, tool, route, ...
+           filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
+    """Latency, errors, tokens and cost by model, tool, route, ...
 
     Then the 5 slowest requests. Generations only (chat, messages,
     responses, generateContent) unless --kind, --all or --by kind: token
     counts, probes and model lists take milliseconds. Percentiles (DuckDB
     quantile_cont: linear interpolation, like numpy) are over successful
-    requests, TTFT over streams only. Days and hours are UTC. csv: the
-    groups only.
+    requests, TTFT over streams only. Cost: the list price of the tokens
+    on the request's date (genai-prices); a subscription's is a list-price
+    equivalent. Days and hours are UTC. csv: the groups only.
     """
+    _update_prices(update_prices)
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
     every = all_kinds or (not kinds and (by == "kind" or show_errors))
@@ -211,6 +235,37 @@ def report(by: str, show_errors: bool, html_path: Path | None, kinds: tuple[str,
     click.echo(text, nl=False)
     if html_path is not None:
         click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
+
+
+@click.command()
+@click.argument("model")
+@click.option("--upstream", metavar="HOST|URL",
+              help="The upstream it went to (an aggregator's URL matches its own prices), e.g. openrouter.ai.")
+@click.option("--at", "at", metavar="WHEN", help="The price on this date (ISO, UTC; default: now).")
+@update_prices_option
+@output_options("table", "json")
+def prices(model: str, upstream: str | None, at: str | None, update_prices: bool, fmt: str) -> None:
+    """What genai-prices matched for MODEL, and the price the cost columns use.
+
+    MODEL as the upstream reported it (the row's response_model, else
+    request_model). Exits 1 when no price is known: its cost is NULL.
+    """
+    from urllib.parse import urlsplit
+
+    from . import price_report
+
+    _update_prices(update_prices)
+    host = (urlsplit(upstream).hostname if "//" in upstream else upstream.split("/")[0]) if upstream else None
+    when = None
+    if at:
+        try:
+            when = parse_time(at, utc_now())
+        except WindowError as exc:
+            raise click.BadParameter(str(exc), param_hint="--at") from None
+    info = price_report.describe(model, host, when)
+    click.echo(price_report.RENDERERS[fmt](info), nl=False)
+    if not info["matched"]:
+        sys.exit(1)
 
 
 @click.command()
@@ -351,7 +406,7 @@ def __getattr__(name: str) -> Any:
         from .bench.cli import bench
         from .top.cli import top
 
-        return (sql, report, errors, export, show, demo, bench, top)
+        return (sql, report, errors, export, show, demo, bench, top, prices)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

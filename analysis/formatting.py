@@ -83,6 +83,17 @@ def fmt_number(x: float | None, decimals: int = 0) -> str:
     return "-" if x is None else f"{x:.{decimals}f}"
 
 
+def fmt_usd(usd: float | None) -> str:
+    """12.345 -> '$12.35', 0.161 -> '$0.16', 0.00051 -> '$0.0005', 1234.5 -> '$1235'; None -> '-'."""
+    if usd is None:
+        return "-"
+    if usd == 0:
+        return "$0"
+    if abs(usd) < 0.01:
+        return f"${usd:.1g}" if abs(usd) >= 1e-4 else "<$0.0001"
+    return f"${usd:.2f}" if abs(usd) < 100 else f"${usd:.0f}"
+
+
 # -- tables --------------------------------------------------------------------
 
 def _shrink(widths: list[int], shrinkable: Sequence[int], limit: int) -> list[int]:

@@ -38,7 +38,7 @@ from proxy.schema import CHUNK_COLUMNS
 from .filters import sql_identifier, sql_string
 from .remote import RemoteError, enable_remote, explain, is_remote
 from .source import FileSource, SourceError
-from .views import table_columns, views_sql
+from .views import priced_models, table_columns, views_sql
 from proxy import duck
 
 CATALOG = "memory"  # an in-memory DuckDB's catalog
@@ -88,7 +88,7 @@ def open_sources(specs: Sequence[str], env: Mapping[str, str] | None = None, *,
         con.execute(f"CREATE VIEW {CATALOG}.main.requests AS {_union(requests)}")
         con.execute(f"CREATE VIEW {CATALOG}.main.chunks AS {_union(chunks) if chunks else _no_chunks()}")
         source = FileSource(con)
-        con.execute(views_sql(CATALOG, table_columns(con, CATALOG)))
+        con.execute(views_sql(CATALOG, table_columns(con, CATALOG), models=priced_models(con, CATALOG)))
         if lock and not remote:
             duck.lock_down(con, directories=[*_roots(inputs), *([writes_to] if writes_to else [])],
                            paths=[i.requests for i in inputs if i.kind == "duckdb"])

@@ -26,10 +26,13 @@ from .formatting import (
     fmt_ms,
     fmt_number,
     fmt_pct,
+    fmt_usd,
     layout,
     short_ids,
     truncate,
 )
+from proxy import prices
+
 from .source import Source
 from .views import ROLLUP_METRICS, ROLLUP_SQL
 
@@ -61,6 +64,7 @@ BLOCKS: tuple[Block, ...] = (
         ("ttft_p99_ms", "TTFT", "p99", fmt_ms),
         ("e2e_p50_ms", "E2E", "p50", fmt_ms),
         ("e2e_p99_ms", "E2E", "p99", fmt_ms),
+        ("cost_usd", "", "cost", fmt_usd),
     ),
     (
         ("tpot_p50_ms", "TPOT", "p50", fmt_ms),
@@ -69,6 +73,7 @@ BLOCKS: tuple[Block, ...] = (
         ("input_tokens", "tokens", "in", fmt_count),
         ("output_tokens", "tokens", "out", fmt_count),
         ("cache_read_share", "cache", "read%", lambda x: fmt_pct(x, scale=100)),
+        ("cost_per_request_usd", "cost", "/req", fmt_usd),
     ),
 )
 
@@ -109,9 +114,22 @@ def metrics_for(by: str) -> tuple[str, ...]:
     return ROLLUP_METRICS + SESSION_METRICS if by == "session" else ROLLUP_METRICS
 
 
-# Rounding for json and csv: ms to 0.1, percentages to 0.01, shares to 1e-4.
-ROUNDING = {"error_pct": 2, "output_tokens_per_s_p50": 1, "cache_read_share": 4, "wall_s": 3}
+# Rounding for json and csv: ms to 0.1, percentages to 0.01, shares to 1e-4, dollars to 1e-6.
+ROUNDING = {"error_pct": 2, "output_tokens_per_s_p50": 1, "cache_read_share": 4, "wall_s": 3, "cost_usd": 6,
+            "cost_per_request_usd": 6}
 FOOTNOTE = "Percentiles: successful requests only (TTFT: streams). Slowest: any outcome."
+
+
+def cost_note(report: "Report") -> str:
+    """What the cost columns are: list prices, where from; subscription traffic and unknown models."""
+    lines = [f"Cost: list prices from {report.price_source}."]
+    subscription = sum(g.get("subscription_requests") or 0 for g in report.groups)
+    if subscription:
+        lines.append(f"  {subscription} on a subscription: a list-price equivalent, not money spent.")
+    unpriced = sum(g.get("unpriced") or 0 for g in report.groups)
+    if unpriced:
+        lines.append(f"  {unpriced} of unknown models have no cost (see `llmtap prices MODEL`).")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -124,6 +142,7 @@ class Report:
     slowest: list[dict[str, Any]]
     kinds: tuple[str, ...] = ()  # the kinds shown; () is every kind
     not_shown: dict[str, int] = field(default_factory=dict)  # requests of other kinds in the window, by kind
+    price_source: str = ""  # the package and version the cost columns come from
 
 
 def group_stats(source: Source, by: str, filters: Filters) -> list[dict[str, Any]]:
@@ -173,7 +192,7 @@ def build_report(source: Source, by: str, filters: Filters) -> Report:
         raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUPINGS)}")
     count, first, last = span(source, filters)
     return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters),
-                  filters.kinds, not_shown(source, filters))
+                  filters.kinds, not_shown(source, filters), prices.source())
 
 
 # -- rendering -------------------------------------------------------------------
@@ -252,7 +271,7 @@ def to_table(report: Report) -> str:
     parts += _block_tables(report)
     n = len(report.slowest)
     parts.append(f"{n} slowest request{'' if n == 1 else 's'}\n" + _slowest_table(report))
-    return "\n".join(parts) + "\n" + FOOTNOTE + "\n"
+    return "\n".join(parts) + "\n" + FOOTNOTE + "\n" + cost_note(report) + "\n"
 
 
 def _rounded(metric: str, value: Any) -> Any:

@@ -9,6 +9,11 @@ are replaced each time, so calling it twice is harmless):
   - `hour`: `started_at` truncated to the UTC hour (TIMESTAMP, UTC)
   - `decode_tokens_per_s`: 1000 / tpot_ms
   - `cache_read_share`: cache_read_tokens / input_tokens
+  - `cost_usd`: the tokens at the list price that applied on the request's
+    date (`proxy/prices.py`, from genai-prices), NULL for an unknown model
+  - `price_source`: the package and version priced from, or 'unknown model'
+  - `billing`: 'subscription' for a Claude or ChatGPT login (its cost is a
+    list-price equivalent, not money spent), else 'api'
 - `errors`: the rows of `requests` whose outcome is not 'ok'.
 - `hourly`, `daily`: one row per UTC hour / day with `ROLLUP_METRICS`, over
   generations (`kind = 'generation'`: token counts, probes, model lists and
@@ -36,12 +41,15 @@ over streamed rows); failures show up in `error_pct` instead.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterable
 from typing import Any
 
+from proxy.prices import HOST_SQL, MODEL_SQL, SUBSCRIPTION_KINDS, cost_sql, generation as prices_generation
 from proxy.request_kind import path_kind_sql
 
-DERIVED_COLUMNS = ("error", "day", "hour", "decode_tokens_per_s", "cache_read_share")
+DERIVED_COLUMNS = ("error", "day", "hour", "decode_tokens_per_s", "cache_read_share", "cost_usd", "price_source",
+                   "billing")
 
 _PERCENTILES = (
     ("ttft", "ttft_ms", (50, 90, 99), "NOT error AND stream"),
@@ -67,6 +75,11 @@ def _rollup_terms() -> list[str]:
         "CAST(sum(output_tokens) AS BIGINT) AS output_tokens",
         "CAST(sum(cache_read_tokens) AS BIGINT) AS cache_read_tokens",
         "sum(cache_read_tokens) / nullif(sum(input_tokens), 0) AS cache_read_share",
+        "sum(cost_usd) AS cost_usd",
+        "avg(cost_usd) AS cost_per_request_usd",
+        "count(*) FILTER (WHERE cost_usd IS NULL AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL))"
+        " AS unpriced",
+        "count(*) FILTER (WHERE billing = 'subscription') AS subscription_requests",
     ]
     return terms
 
@@ -90,10 +103,16 @@ def kind_nulls(con: Any, catalog: str) -> bool:
     return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {_table(catalog)} WHERE kind IS NULL)").fetchone()[0])
 
 
-def views_sql(catalog: str, columns: Collection[str] | None = None, nulls: bool = True) -> str:
+def views_sql(catalog: str, columns: Collection[str] | None = None, nulls: bool = True,
+              models: Iterable[tuple[str, str]] = ()) -> str:
     """`columns`: the table's, when it may lack `kind` (None: it has every column of schema.py);
-    `nulls`: whether rows may lack a kind (deriving it costs a third more per query)."""
+    `nulls`: whether rows may lack a kind (deriving it costs a third more per query); `models`: the
+    (model, upstream host) pairs to price (`priced_models`), the rest cost NULL."""
     table = _table(catalog)
+    cost, price_source = cost_sql(models)
+    has_kind = columns is None or "credential_kind" in columns
+    billing = (f"CASE WHEN credential_kind IN {tuple(SUBSCRIPTION_KINDS)} THEN 'subscription'"
+               " WHEN credential_kind IS NOT NULL THEN 'api' END" if has_kind else "CAST(NULL AS VARCHAR)")
     if columns is not None and "kind" not in columns:
         star = f"*, {path_kind_sql()} AS kind"
     elif nulls:
@@ -107,7 +126,10 @@ SELECT {star},
   CAST(started_at AT TIME ZONE 'UTC' AS DATE) AS day,
   date_trunc('hour', started_at AT TIME ZONE 'UTC') AS hour,
   1000.0 / nullif(tpot_ms, 0) AS decode_tokens_per_s,
-  cache_read_tokens / nullif(input_tokens, 0) AS cache_read_share
+  cache_read_tokens / nullif(input_tokens, 0) AS cache_read_share,
+  {cost} AS cost_usd,
+  {price_source} AS price_source,
+  {billing} AS billing
 FROM {table};
 CREATE OR REPLACE TEMP VIEW errors AS SELECT * FROM requests WHERE error;
 CREATE OR REPLACE TEMP VIEW hourly AS
@@ -138,4 +160,35 @@ def create_views(con: Any) -> None:
     ).fetchone()[0]
     if found:
         columns = table_columns(con, catalog)
-        con.execute(views_sql(catalog, columns, "kind" in columns and kind_nulls(con, catalog)))
+        con.execute(views_sql(catalog, columns, "kind" in columns and kind_nulls(con, catalog),
+                              priced_models(con, catalog)))
+
+
+# The (model, host) pairs found per database file: a first look reads every row; later ones read only the
+# rows since the last look (less an hour, for requests that started earlier and ended after it) and at most
+# every few seconds, so the views of a busy proxy's every admin query stay cheap (`create_views`).
+_MODELS: dict[str, tuple[float, Any, set[tuple[str, str]], int]] = {}  # path -> (looked, newest, pairs, prices)
+_LOOK_EVERY_S = 5.0
+_LATE = "INTERVAL 1 HOUR"
+
+
+def priced_models(con: Any, catalog: str) -> list[tuple[str, str]]:
+    """The (model as reported, upstream host) pairs of `catalog`'s rows, for the cost columns."""
+    table = _table(catalog)
+    select = (f"SELECT {MODEL_SQL} AS m, {HOST_SQL} AS h, max(started_at) FROM {table}"
+              f" WHERE {MODEL_SQL} IS NOT NULL")
+    (path,) = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = ?", [catalog]).fetchone()
+    if not path:  # an in-memory catalog (--from): no file to remember it by
+        return [(m, h) for m, h, _ in con.execute(select + " GROUP BY ALL").fetchall()]
+    now, known = time.monotonic(), _MODELS.get(path)
+    if known is not None and now - known[0] < _LOOK_EVERY_S and known[3] == prices_generation():
+        return sorted(known[2])
+    if known is None or known[1] is None:
+        rows, pairs = con.execute(select + " GROUP BY ALL").fetchall(), set()
+    else:
+        rows = con.execute(select + f" AND started_at >= ? - {_LATE} GROUP BY ALL", [known[1]]).fetchall()
+        pairs = set(known[2])
+    newest = max([r[2] for r in rows if r[2] is not None] + ([known[1]] if known and known[1] else []), default=None)
+    pairs |= {(m, h) for m, h, _ in rows}
+    _MODELS[path] = (now, newest, pairs, prices_generation())
+    return sorted(pairs)

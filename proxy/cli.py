@@ -26,6 +26,7 @@ COMMANDS = {
     "errors": "analysis.cli:errors",
     "export": "analysis.cli:export",
     "show": "analysis.cli:show",
+    "prices": "analysis.cli:prices",
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",
     "top": "analysis.top.cli:top",
