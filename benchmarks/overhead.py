@@ -133,7 +133,7 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
         "rounds": per_round,
         "medians": med,
         "figures": med.get(LLMTAP, {}),
-        "checks": checks(med.get(LLMTAP, {})),
+        "checks": checks(med),
     }
 
 
