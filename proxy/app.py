@@ -11,7 +11,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from . import admin, client_key, conn_timing, websocket
+from . import admin, arrival, client_key, conn_timing, websocket
 from .guard import is_preflight
 from .egress import client_ssl_context
 from .errors import error_response
@@ -21,6 +21,7 @@ from .routes import Route
 from .schema import Outcome
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RECEIVED = web.RequestKey("llmtap_received", int)  # the request's first byte, perf_counter_ns
 ADMIN_PREFIX = "/_llmtap/"
 TAG_PREFIX = "/_tag/"
 # Generous header limits: Codex sends a JSON document in a header.
@@ -28,7 +29,7 @@ HTTP_LIMITS = {"max_line_size": 65536, "max_field_size": 65536}
 
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
-    received = perf_counter_ns()
+    received = request[RECEIVED]
     state = request.app[STATE]
     path, query = split_raw_path(request.raw_path)
     if path.startswith(ADMIN_PREFIX):
@@ -151,14 +152,19 @@ def _record_local(request: web.Request, path: str, received: int, status: int, o
 
 @web.middleware
 async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """CONNECT, absolute-form (`GET http://host/...`) and `OPTIONS *` targets: refused before routing
-    (CONNECT and `*` match no route), in words, with a row."""
-    target = request.raw_path
-    if request.method == "CONNECT" or not target.startswith("/"):
-        status = 405 if request.method == "CONNECT" else 400
-        return reject(request, target.partition("?")[0], perf_counter_ns(), status, NOT_A_FORWARD_PROXY,
-                      "not_a_forward_proxy")
-    return await handler(request)
+    """Every request: its arrival is its first byte (arrival.py). CONNECT, absolute-form
+    (`GET http://host/...`) and `OPTIONS *` targets: refused before routing (CONNECT and `*` match
+    no route), in words, with a row."""
+    received = request[RECEIVED] = arrival.take(request, perf_counter_ns())
+    try:
+        target = request.raw_path
+        if request.method == "CONNECT" or not target.startswith("/"):
+            status = 405 if request.method == "CONNECT" else 400
+            return reject(request, target.partition("?")[0], received, status, NOT_A_FORWARD_PROXY,
+                          "not_a_forward_proxy")
+        return await handler(request)
+    finally:
+        arrival.clear(request)
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from . import running
 from .app import HTTP_LIMITS, make_app, routes_banner
+from .arrival import Runner
 from .client_key import client_key
 from .config import ConfigError, ServeConfig, admin_token
 from .guard import Guard
@@ -121,7 +122,7 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-        self.runner = web.AppRunner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
+        self.runner = Runner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
                                     access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
         try:

@@ -230,3 +230,23 @@ async def test_websocket_upgrade_refused_upstream(tmp_path: Path) -> None:
             recorded = rows(p)
     assert err.value.status == 404
     assert recorded[0]["outcome"] == "http_error" and recorded[0]["error_type"] == "websocket_refused"
+
+
+async def test_a_request_arrives_at_its_first_byte(proxy: RunningProxy) -> None:
+    """aiohttp starts the handler once the headers are parsed: a client that sends them in two parts,
+    300 ms apart, has waited those 300 ms, and the row's clock starts at the first byte (#21)."""
+    from .faultkit import status_of
+
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(head[:20])
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.write(head[20:] + b"\r\n" + body)
+    response = await reader.read()
+    writer.close()
+    assert status_of(response) == 200
+    (e2e, overhead), = [(r["e2e_ms"], r["proxy_overhead_ms"]) for r in rows(proxy)]
+    assert e2e >= 300 and overhead >= 300  # the first byte came 300 ms before the headers were whole
