@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -73,8 +74,6 @@ def install(config_path: Path | None, dry_run: bool) -> None:
 
 def _environment_notes(config: cfg.ServeConfig) -> list[str]:
     """What the shell has and the service will not: it starts with the service manager's environment."""
-    import os
-
     notes = []
     keys = [v for v in (config.upstream_key_env, *config.route_key_env.values()) if v]
     if keys:
