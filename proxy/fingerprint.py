@@ -33,6 +33,32 @@ def key_fingerprint(
     return secret_fingerprint(secret) if secret else None
 
 
+def credential_kind(headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> str | None:
+    """What kind of credential the client sent, from its form (the credential itself is never kept):
+
+    - `claude_login`: Claude Code on a Claude subscription (`Bearer sk-ant-oat…`, or an OAuth
+      `anthropic-beta`);
+    - `chatgpt_login`: Codex on a ChatGPT login (a `Bearer` JWT with `chatgpt-account-id`);
+    - `api_key`: an API key (`x-api-key`, `x-goog-api-key`, `?key=`, or a `Bearer sk-…`);
+    - `bearer`: another bearer token; None: no credential.
+    """
+    get = header_getter(headers)
+    auth = get("authorization", "").strip()
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return "bearer"
+        if token.startswith("sk-ant-oat") or "oauth-" in get("anthropic-beta", ""):
+            return "claude_login"
+        if token.startswith("eyJ") and token.count(".") == 2 and get("chatgpt-account-id", ""):
+            return "chatgpt_login"
+        return "api_key" if token.startswith("sk-") else "bearer"
+    if get("x-api-key", "").strip() or get("x-goog-api-key", "").strip() or (query or {}).get("key"):
+        return "api_key"
+    return None
+
+
 def secret_fingerprint(secret: str) -> str:
     return "k:" + hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 

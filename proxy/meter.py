@@ -26,7 +26,7 @@ import math
 import os
 import random
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from multidict import CIMultiDictProxy
@@ -35,7 +35,8 @@ from .clients import tool_from_headers
 from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
-from .fingerprint import key_fingerprint, secret_fingerprint
+from . import ratelimits
+from .fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from .redact import redact, request_secrets
 from .request_info import parse_request
 from .schema import ERROR_MESSAGE_MAX, Outcome
@@ -70,7 +71,7 @@ class Meter:
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
         "_sse", "broken", "captured", "chars", "connection",
-        "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds",
+        "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
@@ -103,6 +104,7 @@ class Meter:
         self.first_byte: int | None = None
         self.status: int | None = None
         self.retry_after: str | None = None
+        self.limits: dict[str, str] | None = None  # the response's rate-limit headers (proxy/ratelimits.py)
         self.response_bytes = 0
         self.is_stream = False
         self._decoder: StreamDecoder | None = None
@@ -156,6 +158,9 @@ class Meter:
         self.upstream_headers = t_ns
         self.status = status
         self.retry_after = headers.get("retry-after")
+        self.limits = ratelimits.raw(headers)  # None unless a family of rate-limit headers is there
+        if status >= 400 and self.retry_after is None and (ms := headers.get("retry-after-ms")) is not None:
+            self.limits = {**(self.limits or {}), "retry-after-ms": ms}
         encoding = headers.get("content-encoding")
         try:
             self._decoder = StreamDecoder(encoding) if encoding else IDENTITY
@@ -391,8 +396,21 @@ class Meter:
             "upstream_wait_ms": upstream_wait,
             "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
             "decode_ms": last - ttft if last is not None and ttft is not None else None,
+            "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
+            **self._limits(),
         }
         return row, self._chunk_rows()
+
+    def _limits(self) -> dict[str, Any]:
+        """The rate-limit columns (proxy/ratelimits.py), resets given as durations counted from the
+        wall-clock time the headers arrived."""
+        found, retry = self.limits, self.retry_after
+        if found is None and retry is None:
+            return ratelimits.EMPTY
+        at = self.started_at
+        if self.upstream_headers is not None:
+            at += timedelta(microseconds=(self.upstream_headers - self.received) / 1000)
+        return ratelimits.parse(found, retry, (found or {}).get("retry-after-ms"), at)
 
     def _chunk_rows(self) -> list[tuple]:
         rid, r = self.id, self.received

@@ -175,3 +175,21 @@ def m004_latency_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
     con.execute("UPDATE requests SET headers_to_first_token_ms = ttft_ms - upstream_headers_ms,"
                 " decode_ms = last_token_ms - ttft_ms")
+
+
+@migration
+def m005_ratelimits(con: duckdb.DuckDBPyConnection) -> None:
+    """The credential's kind and the account's limits as each response stated them (proxy/ratelimits.py:
+    remaining requests and tokens, their limits and resets, a subscription's 5-hour and 7-day windows,
+    retry-after in seconds). Rows recorded before have none: they stay NULL."""
+    columns = [("credential_kind", "VARCHAR")]
+    for bucket in ("requests", "tokens", "input_tokens", "output_tokens"):
+        columns += [(f"ratelimit_{bucket}_limit", "BIGINT"), (f"ratelimit_{bucket}_remaining", "BIGINT"),
+                    (f"ratelimit_{bucket}_reset", "TIMESTAMPTZ")]
+    columns.append(("ratelimit_status", "VARCHAR"))
+    for window in ("5h", "7d"):
+        columns += [(f"ratelimit_{window}_utilization", "DOUBLE"), (f"ratelimit_{window}_reset", "TIMESTAMPTZ"),
+                    (f"ratelimit_{window}_status", "VARCHAR")]
+    columns.append(("retry_after_s", "DOUBLE"))
+    for name, type_ in columns:
+        con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from .ratelimits import RATELIMIT_COLUMNS
+
 # (name, DuckDB type)
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # who and what
@@ -80,6 +82,11 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("upstream_wait_ms", "DOUBLE"),
     ("headers_to_first_token_ms", "DOUBLE"),
     ("decode_ms", "DOUBLE"),
+    # the account's limits as the upstream stated them on this response (m005; proxy/ratelimits.py):
+    # the credential's kind, then remaining requests and tokens with their limits and reset times, a
+    # subscription's 5-hour and 7-day windows, and retry-after in seconds
+    ("credential_kind", "VARCHAR"),
+    *RATELIMIT_COLUMNS,
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")

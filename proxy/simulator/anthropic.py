@@ -105,5 +105,5 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    ex = await open_exchange(request, "anthropic")
+    ex = await open_exchange(request, "anthropic", limited=False)
     return json_response("anthropic", 200, {"input_tokens": ex.input_tokens}, request_id=ex.request_id, gzip=ex.gzip)

@@ -45,6 +45,14 @@ class SimConfig:
     headers_delay_ms: float = 0
     connect_delay_ms: float = 0
     keep_alive: bool = True
+    # Account limits (quota.py), per credential: an API key's budget per window, a Claude login's per
+    # 5 hours and 7 days; every response states what is left, and a request over budget gets a 429.
+    ratelimit_requests: int = 4000
+    ratelimit_input_tokens: int = 2_000_000
+    ratelimit_output_tokens: int = 400_000
+    ratelimit_window_s: float = 60.0
+    subscription_5h_tokens: int = 20_000_000
+    subscription_7d_tokens: int = 200_000_000
 
 
 class BadOverride(ValueError):

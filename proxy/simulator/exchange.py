@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 import zlib
@@ -13,6 +14,7 @@ import brotli
 import orjson
 from aiohttp import web
 
+from . import quota
 from .config import BadOverride, SimConfig, with_overrides
 from .errors import Api
 from .pacing import TokenClock
@@ -24,6 +26,16 @@ try:
 except ImportError:  # Python < 3.14
     from backports import zstd  # type: ignore[no-redef]
 
+# Real model names answer with the dated snapshot the real upstreams report (names only: llmtap prices
+# them from genai-prices, the simulator knows no price).
+SNAPSHOTS = {
+    "claude-sonnet-4-5": "claude-sonnet-4-5-20250929",
+    "claude-haiku-4-5": "claude-haiku-4-5-20251001",
+    "claude-opus-4-1": "claude-opus-4-1-20250805",
+    "gpt-5": "gpt-5-2025-08-07",
+    "gpt-5-mini": "gpt-5-mini-2025-08-07",
+}
+
 # Request key: the loop time when the request arrived (RequestKey is aiohttp >= 3.13).
 STARTED: Any = web.RequestKey("simulator_started", float) if hasattr(web, "RequestKey") else "simulator_started"
 
@@ -31,12 +43,14 @@ STARTED: Any = web.RequestKey("simulator_started", float) if hasattr(web, "Reque
 class SimError(Exception):
     """Answer with an HTTP error in the API's shape (raised by handlers)."""
 
-    def __init__(self, api: Api, status: int, message: str | None = None, *, gzip: bool = False) -> None:
+    def __init__(self, api: Api, status: int, message: str | None = None, *, gzip: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.api = api
         self.status = status
         self.message = message
         self.gzip = gzip
+        self.headers = headers or {}
 
 
 def new_request_id() -> str:
@@ -58,6 +72,7 @@ class Exchange:
     output: int = 0  # text or tool-argument tokens
     truncated: bool = False  # output cut short by the request's max tokens
     created: int = 0
+    account: Any = None  # quota.Account of the request's credential, charged when the response starts
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or new_request_id()
@@ -88,7 +103,8 @@ class Exchange:
 
     def plan(self, *, model: Any, max_tokens: Any, stream: Any) -> None:
         """Decide the output from the request: reasoning first, then text, capped at max_tokens."""
-        self.model = self.config.model or (model if isinstance(model, str) and model else "sim-model")
+        self.model = self.config.model or (SNAPSHOTS.get(model, model) if isinstance(model, str) and model
+                                           else "sim-model")
         self.stream = stream is True
         self.reasoning, self.output = self.config.reasoning_tokens, self.config.tokens
         if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0:
@@ -156,8 +172,9 @@ def effective_config(api: Api, state: SimState, headers: Any) -> SimConfig:
         raise SimError(api, 400, str(exc)) from None
 
 
-async def open_exchange(request: web.Request, api: Api) -> Exchange:
-    """Parse the request into an Exchange, or raise SimError (bad input, or an injected status)."""
+async def open_exchange(request: web.Request, api: Api, *, limited: bool = True) -> Exchange:
+    """Parse the request into an Exchange, or raise SimError (bad input, an injected status, or its
+    credential's budget spent: `limited`)."""
     config = effective_config(api, request.app[STATE], request.headers)
     if config.headers_delay_ms:  # a slower channel: nothing, not even an error, before this
         await asyncio.sleep(config.headers_delay_ms / 1000)
@@ -167,4 +184,10 @@ async def open_exchange(request: web.Request, api: Api) -> Exchange:
     if config.error_status is not None:
         raise SimError(api, config.error_status, gzip=gzip)
     started = request.get(STARTED) or asyncio.get_running_loop().time()
-    return Exchange(api, config, body, started, gzip)
+    ex = Exchange(api, config, body, started, gzip)
+    if limited:
+        ex.account = request.app[STATE].quotas.account(config, request.headers)
+        if ex.account is not None and (wait := quota.spent(ex.account)) is not None:
+            headers = {**quota.headers(api, ex.account), "retry-after": str(max(math.ceil(wait), 1))}
+            raise SimError(api, 429, gzip=gzip, headers=headers)
+    return ex

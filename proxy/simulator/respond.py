@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from . import quota
 from .emit import Emitter, Event, HttpSink, Stopped
 from .errors import STREAM_ERROR_STATUS, Api, error_body
 from .exchange import Exchange, SimError, new_request_id
@@ -26,22 +27,23 @@ def id_headers(api: Api, request_id: str) -> dict[str, str]:
 
 
 def json_response(
-    api: Api, status: int, obj: Any, *, request_id: str = "", gzip: bool = False
+    api: Api, status: int, obj: Any, *, request_id: str = "", gzip: bool = False,
+    extra: dict[str, str] | None = None,
 ) -> web.Response:
     data = orjson.dumps(obj)
-    headers = {"content-type": "application/json", **id_headers(api, request_id or new_request_id())}
+    headers = {"content-type": "application/json", **id_headers(api, request_id or new_request_id()), **(extra or {})}
     if gzip:
         compressor = zlib.compressobj(wbits=31)
         data = compressor.compress(data) + compressor.flush()
         headers["content-encoding"] = "gzip"
     if status == 429:
-        headers["retry-after"] = "1"
+        headers.setdefault("retry-after", "1")
     return web.Response(status=status, body=data, headers=headers)
 
 
 def error_response(error: SimError) -> web.Response:
     body = error_body(error.api, error.status, error.message)
-    return json_response(error.api, error.status, body, gzip=error.gzip)
+    return json_response(error.api, error.status, body, gzip=error.gzip, extra=error.headers)
 
 
 def abort(request: web.BaseRequest) -> None:
@@ -60,7 +62,15 @@ async def respond_json(request: web.Request, ex: Exchange, build: Callable[[Exch
         return web.Response()
     if ex.config.stream_error:
         raise SimError(ex.api, STREAM_ERROR_STATUS[ex.api], gzip=ex.gzip)
-    return json_response(ex.api, 200, build(ex), request_id=ex.request_id, gzip=ex.gzip)
+    return json_response(ex.api, 200, build(ex), request_id=ex.request_id, gzip=ex.gzip, extra=limit_headers(ex))
+
+
+def limit_headers(ex: Exchange) -> dict[str, str]:
+    """Charge the request to its account and state what is left (quota.py)."""
+    if ex.account is None:
+        return {}
+    quota.consume(ex.account, ex.prompt_tokens, ex.output_tokens)
+    return quota.headers(ex.api, ex.account)
 
 
 async def respond_stream(
@@ -75,6 +85,7 @@ async def respond_stream(
     state = request.app[STATE]
     resp = web.StreamResponse(headers={"content-type": content_type, "cache-control": "no-cache"})
     resp.headers.update(id_headers(ex.api, ex.request_id))
+    resp.headers.update(limit_headers(ex))
     if ex.gzip:
         resp.headers["content-encoding"] = "gzip"
     await resp.prepare(request)

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from .config import SimConfig
 from .pacing import queue_load
+from .quota import Quotas
 
 RecordedRequest = tuple[str, str, dict[str, str], bytes]
 
@@ -24,6 +25,7 @@ class SimState:
     requests: list[RecordedRequest] = field(default_factory=list)
     active_streams: int = 0
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
+    quotas: Quotas = field(default_factory=Quotas)
 
     def load(self) -> float:
         return queue_load(self.active_streams, self.config.capacity)
