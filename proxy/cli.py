@@ -18,9 +18,9 @@ from .routes import RouteError, parse_route
 # needs (`llmtap --version` or `llmtap sql` never imports aiohttp's server, the simulator or the bench).
 COMMANDS = {
     "mock-upstream": "proxy.simulator.cli:mock_upstream",
-    "setup": "proxy.tools.cli:setup",
-    "run": "proxy.tools.cli:run",
-    "doctor": "proxy.tools.cli:doctor",
+    "setup": "proxy.connect.cli:setup",
+    "run": "proxy.connect.cli:run",
+    "doctor": "proxy.connect.cli:doctor",
     "sql": "analysis.cli:sql",
     "report": "analysis.cli:report",
     "errors": "analysis.cli:errors",
@@ -33,7 +33,7 @@ COMMANDS = {
     "status": "analysis.upkeep_cli:status",
     "prune": "analysis.upkeep_cli:prune",
     "compact": "analysis.upkeep_cli:compact",
-    "service": "proxy.tools.service_cli:service",
+    "service": "proxy.connect.service_cli:service",
 }
 
 

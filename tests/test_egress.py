@@ -22,7 +22,7 @@ from proxy.relay_state import ProxyState
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.tools.doctor import Options, diagnose, forward_proxy
+from proxy.connect.doctor import Options, diagnose, forward_proxy
 
 from .conftest import proxy_config, rows
 from .forward_proxy import ForwardProxy, needs_forward_proxy

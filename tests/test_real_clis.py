@@ -31,7 +31,7 @@ from proxy.config import ServeConfig
 from proxy.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import count_input_tokens, expected_text
-from proxy.tools.cli import setup
+from proxy.connect.cli import setup
 
 from .conftest import rows
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from proxy.cli import main
 from proxy.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
-from proxy.tools.cli import setup
-from proxy.tools.toml_edit import TomlEditError, set_key_and_table
+from proxy.connect.cli import setup
+from proxy.connect.toml_edit import TomlEditError, set_key_and_table
 
 from .conftest import proxy_config
 

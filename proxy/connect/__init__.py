@@ -1,7 +1,7 @@
-"""Pointing real tools at llmtap: `setup`, `run` and `doctor`.
+"""Connecting real tools to llmtap: `setup`, `run`, `doctor` and `service`.
 
-- ``endpoint``: the running `llmtap serve` (its state file, checked with
-  GET /_llmtap/health) and the base URL each kind of client needs from it.
+- ``endpoint``: the base URL each kind of client needs from the running proxy
+  (found through proxy/running.py).
 - ``setup``: the configuration each tool needs, printed or merged into the
   tool's own file through ``config_files`` (backup, atomic replace) and
   ``toml_edit`` (text edits that keep the rest of a TOML file byte-identical).
@@ -11,5 +11,7 @@
   or "every request fails": ``env_checks`` (HTTP proxies, keys, base URLs),
   ``local_checks`` (serve, port, database), ``upstream_checks`` (DNS, TCP,
   TLS, model list) over the probes of ``reach``; each finding is a ``check.Check``.
-- ``cli``: the click commands; ``register(group)`` adds them to `llmtap`.
+- ``service``: a systemd user unit or launchd agent that keeps `serve` running
+  (``service_cli`` is its click group).
+- ``cli``: the click commands, registered lazily by proxy/cli.py.
 """
