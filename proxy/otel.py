@@ -23,8 +23,8 @@ extension) beside `input` and `output`.
 
 A collector that is down or slow costs the relay nothing (the export threads
 wait, the event loop never does) and the stop little: each export gives up
-after `export_timeout_s`, `shutdown` flushes for at most
-`shutdown_timeout_s`, and the OTLP exporters' own log lines (one per retry)
+after `export_timeout_s` (2 s), `shutdown` flushes for at most
+`shutdown_timeout_s` (4 s), and the OTLP exporters' own log lines (one per retry)
 are replaced by one line when export starts failing and one when it works
 again (`ExportHealth`).
 """
@@ -81,8 +81,8 @@ class OtelSettings:
     headers: Mapping[str, str] = field(default_factory=dict)
     service_name: str = "llmtap"
     export_interval_s: float = 10.0
-    export_timeout_s: float = 3.0  # one export, its retries included
-    shutdown_timeout_s: float = 3.0  # the last flush, spans and metrics at once
+    export_timeout_s: float = 2.0  # one export, its retries included (a refused connection: about 1 s)
+    shutdown_timeout_s: float = 4.0  # the last flush, spans and metrics at once
 
     @classmethod
     def from_config(cls, config: Any) -> "OtelSettings | None":
@@ -296,7 +296,7 @@ class OtelExporter:
     """Spans and GenAI metrics from finished rows, through the given SDK providers."""
 
     def __init__(self, tracer_provider: Any, meter_provider: Any, *, exporters: Sequence[Any] = (),
-                 health: ExportHealth | None = None, shutdown_timeout_s: float = 3.0) -> None:
+                 health: ExportHealth | None = None, shutdown_timeout_s: float = 4.0) -> None:
         _require()
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
         self.exporters, self.health, self.shutdown_timeout_s = tuple(exporters), health, shutdown_timeout_s
@@ -376,9 +376,11 @@ class OtelExporter:
             return True
         if self.health is not None:
             self.health.gave_up(self.shutdown_timeout_s)
-        for exporter in self.exporters:  # ends their retry waits; the stoppers' threads are daemons
+        for exporter in self.exporters:  # ends their retry waits: what is left is dropped at once
             try:
                 exporter.shutdown()
             except Exception:
                 pass
+        for thread in stoppers:  # daemons: a request still in flight does not hold up the exit
+            thread.join(1.0)
         return False
