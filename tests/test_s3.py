@@ -29,6 +29,8 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 import boto3  # noqa: E402  (moto's dependency)
 
+from analysis.remote import enable_remote  # noqa: E402
+from proxy import duck  # noqa: E402
 from proxy.cli import main  # noqa: E402
 from proxy.server import RunningProxy  # noqa: E402
 from proxy.simulator.app import Simulator  # noqa: E402
@@ -275,6 +277,22 @@ def test_clear_errors_naming_no_secret(case: str, s3: S3Server, gateways: Path,
     assert s3.keys("errors/") == []
     buckets = {b["Name"] for b in s3.client().list_buckets()["Buckets"]}
     assert buckets == {BUCKET}  # a misspelled bucket is not made
+
+
+def test_a_locked_down_connection_refuses_the_registered_filesystem(s3: S3Server, gateways: Path) -> None:
+    """Why remote inputs and outputs are opened unlocked: with external access off, DuckDB refuses a
+    registered Python filesystem too (opened(), open_sources(lock=...))."""
+    ok("export", "--db", str(gateways / "gw-a.duckdb"), "--out", f"s3://{BUCKET}/locked/gw-a")
+    pattern = f"s3://{BUCKET}/locked/gw-a/requests/*/*.parquet"
+    con = duck.connect()
+    try:
+        assert enable_remote(con, os.environ, [pattern]) == "s3fs"
+        assert con.execute(f"SELECT count(*) FROM read_parquet('{pattern}')").fetchone() == (4,)
+        duck.lock_down(con)
+        with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+            con.execute(f"SELECT count(*) FROM read_parquet('{pattern}')")
+    finally:
+        con.close()
 
 
 def test_neither_s3fs_nor_httpfs_says_what_to_install(tmp_path: Path) -> None:
