@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -18,6 +20,21 @@ def connect(path: str | Path = ":memory:", *, read_only: bool = False) -> duckdb
     except duckdb.InvalidInputException:  # this process has the file open already, locked down
         pass
     return con
+
+
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Files DuckDB creates meanwhile (the database, its .wal) are readable by their owner only.
+
+    The umask is per process: a file another thread creates in this window is private too,
+    which errs on the safe side.
+    """
+    old = os.umask(0o077)
+    os.umask(old | 0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def _sql_list(values: Iterable[str]) -> str:

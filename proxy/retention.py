@@ -124,7 +124,7 @@ def open_for_writing(path: Path, doing: str) -> duckdb.DuckDBPyConnection:
         raise RetentionError(f"no database at {path}")
     refuse_if_served(path, doing)
     try:
-        with _private_umask():
+        with duck.private_umask():
             return duck.connect(path)
     except duckdb.Error as exc:
         raise _cannot(path, doing, exc) from None
@@ -142,7 +142,7 @@ def compact(path: Path) -> tuple[int, int]:
     before = path.stat().st_size
     con = duck.connect(":memory:")
     try:
-        with _private_umask():
+        with duck.private_umask():
             for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
                 leftover.unlink(missing_ok=True)
             con.execute(f"ATTACH {_quote(path)} AS old_db")
@@ -172,10 +172,4 @@ def _quote(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-@contextlib.contextmanager
-def _private_umask():  # type: ignore[no-untyped-def]
-    old = os.umask(0o077)
-    try:
-        yield
-    finally:
-        os.umask(old)
+

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,7 @@ class Store:
             raise StoreError("a Store starts once")
         con = _open_for_writing(self.path)
         try:
-            with _private_umask():
+            with duck.private_umask():
                 migrate(con)
             cur = self._writer_cursor(con)
         except duckdb.Error as exc:
@@ -194,7 +194,7 @@ class Store:
                      f" to {self.path} ({before['last_error']})")
 
     def _close_connection(self) -> None:
-        with self._con_lock, _private_umask():
+        with self._con_lock, duck.private_umask():
             for con in (self._cur, self._con):
                 if con is not None:
                     with contextlib.suppress(duckdb.Error):
@@ -345,7 +345,7 @@ class Store:
         cur = self._cur
         if cur is None:
             raise StoreError("the store is closed")
-        with _private_umask():
+        with duck.private_umask():
             cur.execute("BEGIN TRANSACTION")
             try:
                 for table, rows in unit:
@@ -376,7 +376,7 @@ class Store:
         checkpoint that failed on a full disk, and only a new instance can write again."""
         con = _open_for_writing(self.path)
         try:
-            with _private_umask():
+            with duck.private_umask():
                 migrate(con)  # a file created anew (see _check_file): its tables; a no-op otherwise
             cur = self._writer_cursor(con)
         except duckdb.Error:
@@ -561,7 +561,7 @@ def _open_for_writing(path: Path) -> duckdb.DuckDBPyConnection:
     except OSError as exc:
         raise StoreError(f"cannot create the directory for the database {path}: {exc.strerror}") from exc
     try:
-        with _private_umask():
+        with duck.private_umask():
             return duck.connect(path)
     except duckdb.Error as exc:
         raise _open_error(path, exc) from exc
@@ -581,21 +581,6 @@ def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
             "read-only); while a Store has it, query through Store.query()"))
     hint = " (a read-only or full disk? choose another file with --db)" if "IO Error" in message else ""
     return StoreError(f"cannot open the database {path}: {message}{hint}")
-
-
-@contextlib.contextmanager
-def _private_umask() -> Iterator[None]:
-    """Files DuckDB creates meanwhile (the database, its .wal) are readable by their owner only.
-
-    The umask is per process: a file another thread creates in this window is private too,
-    which errs on the safe side.
-    """
-    old = os.umask(0o077)
-    os.umask(old | 0o077)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
