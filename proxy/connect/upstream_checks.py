@@ -81,16 +81,21 @@ def upstream(url: str, env: dict[str, str], timeout: float, ca_bundle: str | Non
     if parts.scheme == "https":
         try:
             version = reach.tls_handshake(sock, host, ca_bundle, env)
-        except ssl.SSLCertVerificationError as exc:
-            return checks + [fail(subject, f"TLS: certificate not trusted: {exc.verify_message}",
-                                  "behind a corporate TLS proxy, give its CA: llmtap serve --ca-bundle FILE")]
         except (ssl.SSLError, OSError) as exc:
-            return checks + [fail(subject, f"TLS: handshake failed: {exc}",
-                                  "is it really https? an http:// server on this port fails like this")]
+            return checks + [_tls_failed(subject, exc, "TLS")]
         checks.append(ok(subject, f"TLS: {version}, certificate valid for {host}"))
     else:
         sock.close()
     return checks + [_models(url, subject, env, timeout, ca_bundle)]
+
+
+def _tls_failed(subject: str, exc: BaseException, what: str) -> Check:
+    """A TLS handshake that failed: an untrusted certificate (a corporate CA?), or not TLS at all."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return fail(subject, f"TLS: certificate not trusted: {exc.verify_message}",
+                    "behind a corporate TLS proxy, give its CA: llmtap serve --ca-bundle FILE")
+    return fail(subject, f"{what}: handshake failed: {exc}",
+                "is it really https? an http:// server on this port fails like this")
 
 
 def _through(proxy: ForwardProxy, url: str, subject: str, env: dict[str, str], timeout: float,
@@ -115,12 +120,8 @@ def _through(proxy: ForwardProxy, url: str, subject: str, env: dict[str, str], t
             version = reach.tunnel_tls(proxy, host, port, timeout, ca_bundle, env)
         except reach.TunnelRefused as exc:
             return checks + [_refused(subject, name, exc.status, f"CONNECT {host}:{port}", proxy)]
-        except ssl.SSLCertVerificationError as exc:
-            return checks + [fail(subject, f"TLS: certificate not trusted: {exc.verify_message}",
-                                  "behind a corporate TLS proxy, give its CA: llmtap serve --ca-bundle FILE")]
         except (ssl.SSLError, OSError) as exc:
-            return checks + [fail(subject, f"TLS through {name}: handshake failed: {exc}",
-                                  "is it really https? an http:// server on this port fails like this")]
+            return checks + [_tls_failed(subject, exc, f"TLS through {name}")]
         checks.append(ok(subject, f"TLS: {version} through {name}'s tunnel, certificate valid for {host}"))
     return checks + [_models(url, subject, env, timeout, ca_bundle, proxy)]
 
