@@ -194,6 +194,8 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
               help="Group requests by this.")
 @click.option("--errors", "show_errors", is_flag=True,
               help="Show the errors report instead (like `llmtap errors`).")
+@click.option("--limits", "show_limits", is_flag=True,
+              help="Show the quota headroom instead: per key and upstream, the latest remaining requests and tokens, a subscription's 5-hour and weekly windows, the 429s, and the lowest headroom per hour.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report with charts to this file.")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
@@ -205,7 +207,7 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
 @from_option
 @output_options("table", "json", "csv")
 @update_prices_option
-def report(by: str, show_errors: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+def report(by: str, show_errors: bool, show_limits: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
            filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
     """Latency, errors, tokens and cost by model, tool, route, ...
 
@@ -220,11 +222,18 @@ def report(by: str, show_errors: bool, html_path: Path | None, kinds: tuple[str,
     _update_prices(update_prices)
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
-    every = all_kinds or (not kinds and (by == "kind" or show_errors))
+    every = all_kinds or (not kinds and (by == "kind" or show_errors or show_limits))
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
     with opened(db_path, sources) as source:
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
+        elif show_limits:
+            from . import limits
+
+            try:
+                text = limits.RENDERERS[fmt](limits.build_limits(source, filters))
+            except limits.LimitsUnknown as exc:
+                raise click.ClickException(str(exc)) from None
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:

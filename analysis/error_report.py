@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import textwrap
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
 from .filters import Filters
@@ -26,13 +26,22 @@ class ErrorReport:
     last: str | None
     groups: list[ErrorGroup]
     empty_choices: tuple[int, int] = (0, 0)  # successful requests with empty-`choices` chunks, and the chunks
+    headroom: list[str] = field(default_factory=list)  # per key with 429s: the headroom that preceded them
 
 
 def build_error_report(source: Source, filters: Filters) -> ErrorReport:
     requests, first, last = span(source, filters)
     groups = error_groups(source, filters)
     failed = sum(g.count for g in groups)
-    return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters))
+    headroom = []
+    if any(g.status == 429 for g in groups):
+        from .limits import LimitsUnknown, headroom_before_429s
+
+        try:
+            headroom = headroom_before_429s(source, filters)
+        except LimitsUnknown:
+            pass
+    return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom)
 
 
 def heading(report: ErrorReport) -> str:
@@ -76,8 +85,14 @@ def to_table(report: ErrorReport) -> str:
     table = layout(HEADERS, rows, [True, True, False, False, False], limit=WIDTH, shrinkable=[3, 2])
     header, dashes, *lines = table.splitlines()
     out = [heading(report), "", header, dashes]
+    shown = False
     for line, group in zip(lines, report.groups):
         out += [line, *_hints(group)]
+        if group.status == 429 and not shown:
+            shown = True
+            for text in report.headroom:
+                out += textwrap.wrap(text, WIDTH, initial_indent="  > ", subsequent_indent="    ",
+                                     break_on_hyphens=False)
     if report.empty_choices[0]:
         out += ["", *note(report)]
     return "\n".join(out) + "\n"
@@ -95,6 +110,7 @@ def to_json(report: ErrorReport) -> str:
         "last": report.last,
         "groups": [_record(g) for g in report.groups],
         "empty_choices": {"requests": report.empty_choices[0], "chunks": report.empty_choices[1]},
+        "headroom": report.headroom,
     })
 
 

@@ -149,15 +149,16 @@ def headers(api: Api, account: Account | None) -> dict[str, str]:
         return out
     requests, inputs, outputs = w["requests"], w["input_tokens"], w["output_tokens"]
     if api == "anthropic":
-        tokens_left = min(inputs.remaining, outputs.remaining)
+        scarcer = min(inputs, outputs, key=lambda w: w.remaining / w.limit if w.limit else 0.0)
         out = {}
         for name, window in (("requests", requests), ("input-tokens", inputs), ("output-tokens", outputs)):
             out[f"anthropic-ratelimit-{name}-limit"] = str(window.limit)
             out[f"anthropic-ratelimit-{name}-remaining"] = str(window.remaining)
             out[f"anthropic-ratelimit-{name}-reset"] = _rfc3339(window.resets)
-        out["anthropic-ratelimit-tokens-limit"] = str(inputs.limit + outputs.limit)
-        out["anthropic-ratelimit-tokens-remaining"] = str(tokens_left)
-        out["anthropic-ratelimit-tokens-reset"] = _rfc3339(max(inputs.resets, outputs.resets))
+        # the most restrictive of the two token limits, as Anthropic states it
+        out["anthropic-ratelimit-tokens-limit"] = str(scarcer.limit)
+        out["anthropic-ratelimit-tokens-remaining"] = str(scarcer.remaining)
+        out["anthropic-ratelimit-tokens-reset"] = _rfc3339(scarcer.resets)
         return out
     tokens_limit = inputs.limit + outputs.limit
     tokens_left = max(tokens_limit - inputs.used - outputs.used, 0)

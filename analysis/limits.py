@@ -1,0 +1,250 @@
+"""`llmtap report --limits`: how close each key came to its upstream's limits, from the rows' typed
+rate-limit columns (proxy/ratelimits.py), and what preceded each run of 429s (`llmtap errors`).
+
+For each key fingerprint and upstream: the latest remaining requests and tokens (with the limits)
+and the next reset, a subscription's 5-hour and weekly window utilization, and the 429s; then the
+lowest headroom seen per hour (the smallest share of requests and tokens left, the highest window
+utilization), which for a subscription is its windows over time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .filters import Filters
+from .formatting import dumps, fmt_count, fmt_pct, layout, truncate
+from .source import Source
+
+WIDTH = 80
+NONE = "(none)"
+_STATED = ("ratelimit_requests_remaining IS NOT NULL OR ratelimit_tokens_remaining IS NOT NULL"
+           " OR ratelimit_input_tokens_remaining IS NOT NULL OR ratelimit_output_tokens_remaining IS NOT NULL"
+           " OR ratelimit_5h_utilization IS NOT NULL OR ratelimit_7d_utilization IS NOT NULL")
+# tokens: Anthropic's combined bucket, else the scarcer of its input and output ones, else OpenAI's
+_TOKENS_LEFT = ("coalesce(ratelimit_tokens_remaining, least(ratelimit_input_tokens_remaining,"
+                " ratelimit_output_tokens_remaining))")
+_TOKENS_LIMIT = "coalesce(ratelimit_tokens_limit, ratelimit_input_tokens_limit + ratelimit_output_tokens_limit)"
+_TOKENS_SHARE = (f"coalesce(ratelimit_tokens_remaining / nullif(ratelimit_tokens_limit, 0), least("
+                 "ratelimit_input_tokens_remaining / nullif(ratelimit_input_tokens_limit, 0),"
+                 " ratelimit_output_tokens_remaining / nullif(ratelimit_output_tokens_limit, 0)))")
+
+
+def _latest(column: str) -> str:
+    return f"arg_max({column}, started_at) FILTER (WHERE {column} IS NOT NULL)"
+
+
+@dataclass
+class KeyLimits:
+    key: str | None
+    upstream: str | None
+    credential_kind: str | None
+    last_seen: str | None
+    requests_remaining: int | None
+    requests_limit: int | None
+    tokens_remaining: int | None
+    tokens_limit: int | None
+    reset: str | None  # the sooner reset of requests and tokens (UTC), or the 5-hour window's
+    utilization_5h: float | None
+    utilization_7d: float | None
+    status: str | None
+    rate_limited: int  # 429s
+
+
+@dataclass
+class HourLimits:
+    hour: str
+    key: str | None
+    upstream: str | None
+    requests_left_min: float | None  # the lowest share of requests left, 0 to 1
+    tokens_left_min: float | None
+    utilization_5h_max: float | None
+    utilization_7d_max: float | None
+    rate_limited: int
+
+
+@dataclass
+class LimitsReport:
+    first: str | None
+    last: str | None
+    keys: list[KeyLimits] = field(default_factory=list)
+    hours: list[HourLimits] = field(default_factory=list)
+
+
+class LimitsUnknown(Exception):
+    """The rows predate the rate-limit columns (an older database or export)."""
+
+
+def build_limits(source: Source, filters: Filters) -> LimitsReport:
+    columns, _, _ = source.query("SELECT * FROM requests LIMIT 0")
+    if "ratelimit_requests_remaining" not in columns:
+        raise LimitsUnknown("these rows predate the rate-limit columns (recorded before llmtap kept them):"
+                            " no headroom to show")
+    where = f"({filters.where()}) AND (({_STATED}) OR status = 429)"
+    columns, _, rows = source.query(f"""
+SELECT key_fingerprint, upstream_host,
+  {_latest('credential_kind')},
+  strftime(max(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M'),
+  {_latest('ratelimit_requests_remaining')}, {_latest('ratelimit_requests_limit')},
+  {_latest(_TOKENS_LEFT)}, {_latest(_TOKENS_LIMIT)},
+  strftime({_latest('coalesce(least(ratelimit_requests_reset, ratelimit_tokens_reset, ratelimit_input_tokens_reset,'
+                    ' ratelimit_output_tokens_reset), ratelimit_5h_reset)')} AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M:%S'),
+  {_latest('ratelimit_5h_utilization')}, {_latest('ratelimit_7d_utilization')},
+  {_latest('coalesce(ratelimit_status, ratelimit_5h_status)')},
+  count(*) FILTER (WHERE status = 429)
+FROM requests WHERE {where} GROUP BY ALL ORDER BY 4 DESC, 1 NULLS LAST, 2""")
+    keys = [KeyLimits(*row) for row in rows]
+    _, _, rows = source.query(f"""
+SELECT strftime(hour, '%Y-%m-%d %H:00'), key_fingerprint, upstream_host,
+  min(ratelimit_requests_remaining / nullif(ratelimit_requests_limit, 0)), min({_TOKENS_SHARE}),
+  max(ratelimit_5h_utilization), max(ratelimit_7d_utilization), count(*) FILTER (WHERE status = 429)
+FROM requests WHERE {where} GROUP BY ALL ORDER BY 1, 2 NULLS LAST, 3""")
+    hours = [HourLimits(*row) for row in rows]
+    _, _, span = source.query(
+        "SELECT strftime(min(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M'),"
+        f" strftime(max(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M') FROM requests WHERE {where}")
+    return LimitsReport(span[0][0], span[0][1], keys, hours)
+
+
+# -- what preceded the 429s (llmtap errors) --------------------------------------------------
+
+BUCKETS = (("requests", "ratelimit_requests_remaining", "ratelimit_requests_reset"),
+           ("tokens", "ratelimit_tokens_remaining", "ratelimit_tokens_reset"),
+           ("input tokens", "ratelimit_input_tokens_remaining", "ratelimit_input_tokens_reset"),
+           ("output tokens", "ratelimit_output_tokens_remaining", "ratelimit_output_tokens_reset"))
+WINDOWS = (("5-hour window", "ratelimit_5h_utilization", "ratelimit_5h_reset"),
+           ("weekly window", "ratelimit_7d_utilization", "ratelimit_7d_reset"))
+
+
+def headroom_before_429s(source: Source, filters: Filters) -> list[str]:
+    """One line per key and upstream that got 429s: the last one, and the headroom that preceded it
+    ("remaining tokens fell to 0 at 14:02:05; reset 14:03:00")."""
+    names = [c for _, c, _ in BUCKETS] + [r for _, _, r in BUCKETS] + [c for _, c, _ in WINDOWS] + \
+        [r for _, _, r in WINDOWS]
+    keyed = (f"(key_fingerprint, upstream_host) IN (SELECT (key_fingerprint, upstream_host) FROM requests"
+             f" WHERE ({filters.where()}) AND status = 429)")
+    columns, _, rows = source.query(
+        f"SELECT key_fingerprint, upstream_host, started_at, status, retry_after_s, {', '.join(names)}"
+        f" FROM requests WHERE ({filters.where()}) AND {keyed} AND (({_STATED}) OR status = 429)"
+        " ORDER BY key_fingerprint NULLS LAST, upstream_host, started_at")
+    found: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for row in rows:
+        record = dict(zip(columns, row))
+        found.setdefault((record["key_fingerprint"], record["upstream_host"]), []).append(record)
+    lines = [_explain(key, host, records) for (key, host), records in found.items()]
+    return [line for line in lines if line is not None]
+
+
+def _clock(value: Any) -> str:
+    if isinstance(value, str):  # over the admin endpoint, an ISO string
+        value = datetime.fromisoformat(value)
+    return value.strftime("%H:%M:%S") if value is not None else "?"
+
+
+def _explain(key: Any, host: Any, records: list[dict[str, Any]]) -> str | None:
+    """None when the upstream stated no limit to this key at all (nothing to link)."""
+    stated = [c for _, c, _ in (*BUCKETS, *WINDOWS)]
+    if not any(r[c] is not None for r in records for c in stated):
+        return None
+    zero_since: dict[str, Any] = {}  # bucket -> when it was first seen spent, in the current run
+    last_429, count, cause = None, 0, None
+    for r in records:
+        for name, column, _ in BUCKETS:
+            if r[column] is not None:
+                if r[column] > 0:
+                    zero_since.pop(name, None)
+                else:
+                    zero_since.setdefault(name, r["started_at"])
+        for name, column, _ in WINDOWS:
+            if r[column] is not None:
+                if r[column] < 1:
+                    zero_since.pop(name, None)
+                else:
+                    zero_since.setdefault(name, r["started_at"])
+        if r["status"] == 429:
+            count += 1
+            last_429 = r
+            cause = dict(zero_since)
+    who = f"{key or 'no key'} at {host or '?'}: {count} × 429, the last at {_clock(last_429['started_at'])}"
+    resets = {name: reset for name, _, reset in (*BUCKETS, *WINDOWS)}
+    if cause:
+        name, since = min(cause.items(), key=lambda item: str(item[1]))
+        reset = _latest_value(records, last_429, resets[name])
+        fell = "reached 100%" if "window" in name else "fell to 0"
+        text = f"{who}; remaining {name} {fell} at {_clock(since)}" if "window" not in name else \
+            f"{who}; the {name} {fell} at {_clock(since)}"
+        text += f"; reset {_clock(reset)}" if reset is not None else ""
+    else:
+        text = f"{who}; no limit was stated as spent before it"
+    if last_429 is not None and last_429.get("retry_after_s") is not None:
+        text += f" (retry-after {last_429['retry_after_s']:g} s)"
+    return text
+
+
+def _latest_value(records: Sequence[dict[str, Any]], until: dict[str, Any] | None, column: str) -> Any:
+    value = None
+    for r in records:
+        if r[column] is not None:
+            value = r[column]
+        if r is until:
+            break
+    return value
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+def _of(left: Any, limit: Any) -> str:
+    if left is None:
+        return "-"
+    return f"{fmt_count(left)}/{fmt_count(limit)}" if limit is not None else fmt_count(left)
+
+
+def _pct(share: float | None) -> str:
+    return fmt_pct(share, scale=100) if share is not None else "-"
+
+
+def _reset(text: str | None, last_seen: str | None) -> str:
+    """HH:MM:SS when on the day last seen, else the date and time."""
+    if text is None:
+        return "-"
+    return text[11:] if last_seen and text[:10] == last_seen[:10] else text[:16]
+
+
+def to_table(report: LimitsReport) -> str:
+    if not report.keys:
+        return "no rate-limit headers or 429s in these requests\n"
+    out = [f"limits the upstreams stated from {report.first} to {report.last} UTC", ""]
+    rows = [[truncate(k.key or NONE, 14), k.upstream or NONE, _of(k.requests_remaining, k.requests_limit),
+             _of(k.tokens_remaining, k.tokens_limit), _pct(k.utilization_5h), _pct(k.utilization_7d),
+             _reset(k.reset, k.last_seen), str(k.rate_limited)] for k in report.keys]
+    out.append(layout(["key", "upstream", "requests", "tokens", "5h", "7d", "reset", "429s"], rows,
+                      [False, False, True, True, True, True, True, True], limit=WIDTH, shrinkable=[1]))
+    out.append("lowest headroom per hour (share left; a subscription's windows used)")
+    rows = [[h.hour, truncate(h.key or NONE, 14), truncate(h.upstream or NONE, 17), _pct(h.requests_left_min),
+             _pct(h.tokens_left_min), _pct(h.utilization_5h_max), _pct(h.utilization_7d_max), str(h.rate_limited)]
+            for h in report.hours]
+    out.append(layout(["hour", "key", "upstream", "requests", "tokens", "5h", "7d", "429s"], rows,
+                      [False, False, False, True, True, True, True, True], limit=WIDTH, shrinkable=[2]))
+    return "\n".join(out)
+
+
+def to_json(report: LimitsReport) -> str:
+    return dumps(asdict(report))
+
+
+def to_csv(report: LimitsReport) -> str:
+    """The latest limits per key (the hourly lows are in the json)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    names = list(KeyLimits.__dataclass_fields__)
+    writer.writerow(names)
+    for k in report.keys:
+        writer.writerow(["" if v is None else v for v in asdict(k).values()])
+    return out.getvalue()
+
+
+RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}
