@@ -1,0 +1,118 @@
+"""`llmtap compare`: the thin click layer over analysis.compare (numpy loads when it runs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from proxy.schema import KINDS
+
+from .cli import db_option, filter_options, from_option, opened, output_options
+from .filters import Filters, sql_string, sql_timestamp
+from .timewindow import WindowError, parse_time, utc_now
+
+# --by NAME -> the column that names a side
+BY: dict[str, str] = {
+    "route": "route",
+    "upstream_host": "upstream_host",
+    "model": "request_model",
+    "tag": "tag",
+    "key": "key_fingerprint",
+    "tool": "tool",
+    "dialect": "dialect",
+}
+MAX_SIDES = 6  # sides found by --by without values: the busiest ones
+MIN_REQUESTS = 10  # ... with at least this many successful requests
+NULL_LABEL = "(none)"
+
+
+def _value_side(column: str, value: str) -> tuple[str, str]:
+    if value == NULL_LABEL:
+        return value, f"{column} IS NULL"
+    return value, f"{column} = {sql_string(value)}"
+
+
+def _window_side(spec: str) -> tuple[str, str]:
+    since, sep, until = spec.partition("..")
+    if not sep:
+        raise click.BadParameter(f"expected SINCE..UNTIL (either may be empty), not {spec!r}", param_hint="--window")
+    now, terms = utc_now(), []
+    try:
+        if since.strip():
+            terms.append(f"started_at >= {sql_timestamp(parse_time(since, now))}")
+        if until.strip():
+            terms.append(f"started_at < {sql_timestamp(parse_time(until, now))}")
+    except WindowError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
+    return spec, " AND ".join(terms) or "TRUE"
+
+
+def _busiest(source: Any, column: str, where: str) -> list[str]:
+    _, _, rows = source.query(
+        f"SELECT {column} AS v, count(*) AS n FROM requests WHERE ({where}) AND outcome = 'ok'"
+        f" GROUP BY 1 HAVING count(*) >= {MIN_REQUESTS} ORDER BY n DESC, 1 NULLS LAST LIMIT {MAX_SIDES}")
+    return [NULL_LABEL if v is None else str(v) for v, _ in rows]
+
+
+@click.command()
+@click.argument("values", nargs=-1, metavar="[VALUE]...")
+@click.option("--by", type=click.Choice(list(BY)), help="Sides are the values of this (VALUEs: these, "
+              f"the first the baseline; none: the {MAX_SIDES} busiest, with {MIN_REQUESTS}+ requests).")
+@click.option("--where", "conditions", multiple=True, metavar="SQL",
+              help="A side: the requests matching this SQL condition (repeatable; the first is the baseline).")
+@click.option("--window", "windows", multiple=True, metavar="SINCE..UNTIL",
+              help="A side: the requests of this time window, e.g. 48h..24h or 2026-11-30..2026-12-01 "
+              "(repeatable; the first is the baseline).")
+@click.option("--baseline", metavar="VALUE", help="With --by and no VALUEs: compare against this one.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="Only requests of this kind (repeatable; default: generation).")
+@filter_options
+@db_option
+@from_option
+@output_options("table", "json")
+def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...], windows: tuple[str, ...],
+            baseline: str | None, kinds: tuple[str, ...], filters: Filters, db_path: Path,
+            sources: tuple[str, ...], fmt: str) -> None:
+    """Compare TTFT, TPOT and E2E of two or more groups, with confidence.
+
+    Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect),
+    --where SQL twice or more, or --window SINCE..UNTIL twice or more; the
+    other filters apply to every side. Per side: n, p50, p95. Against the
+    first: the difference of medians within input-token buckets, a 95%
+    bootstrap interval, a verdict, and when it cannot tell, how many more
+    requests would. Successful generations only (--kind for others).
+    """
+    modes = [bool(by), bool(conditions), bool(windows)]
+    if sum(modes) != 1:
+        raise click.UsageError("give one of --by, --where (twice or more) or --window (twice or more)")
+    if values and not by:
+        raise click.UsageError("VALUEs name sides of --by")
+    if baseline and (values or not by):
+        raise click.UsageError("--baseline goes with --by and no VALUEs (else the first VALUE is the baseline)")
+    filters = replace(filters, kinds=kinds or ("generation",))
+    from .compare import CompareError, RENDERERS, Side, compare as run_compare
+
+    with opened(db_path, sources) as source:
+        where = filters.where()
+        if by:
+            names = list(values) or _busiest(source, BY[by], where)
+            if baseline:
+                if baseline not in names:
+                    names.insert(0, baseline)
+                names.sort(key=lambda name: name != baseline)
+            sides = [Side(*_value_side(BY[by], name)) for name in names]
+        elif conditions:
+            sides = [Side(condition, condition) for condition in conditions]
+        else:
+            sides = [Side(*_window_side(spec)) for spec in windows]
+        if len(sides) < 2:
+            found = f" ({', '.join(s.label for s in sides)})" if sides else ""
+            raise click.ClickException(f"compare needs two sides or more; found {len(sides)}{found}")
+        try:
+            result = run_compare(source.query, sides, where, by or ("where" if conditions else "window"))
+        except CompareError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(RENDERERS[fmt](result), nl=False)
