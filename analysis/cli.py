@@ -194,6 +194,9 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
               help="Group requests by this.")
 @click.option("--errors", "show_errors", is_flag=True,
               help="Show the errors report instead (like `llmtap errors`).")
+@click.option("--breakdown", "show_breakdown", is_flag=True,
+              help="Show where TTFT goes instead: the median of each part (connection, wait for headers, "
+              "first token) per group, as a table and stacked bars.")
 @click.option("--limits", "show_limits", is_flag=True,
               help="Show the quota headroom instead: per key and upstream, the latest remaining requests and tokens, a subscription's 5-hour and weekly windows, the 429s, and the lowest headroom per hour.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -207,7 +210,7 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
 @from_option
 @output_options("table", "json", "csv")
 @update_prices_option
-def report(by: str, show_errors: bool, show_limits: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
            filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
     """Latency, errors, tokens and cost by model, tool, route, ...
 
@@ -224,6 +227,8 @@ def report(by: str, show_errors: bool, show_limits: bool, html_path: Path | None
         raise click.UsageError("give --kind or --all, not both")
     every = all_kinds or (not kinds and (by == "kind" or show_errors or show_limits))
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
+    if show_errors and show_breakdown:
+        raise click.UsageError("give --errors or --breakdown, not both")
     with opened(db_path, sources) as source:
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
@@ -234,13 +239,19 @@ def report(by: str, show_errors: bool, show_limits: bool, html_path: Path | None
                 text = limits.RENDERERS[fmt](limits.build_limits(source, filters))
             except limits.LimitsUnknown as exc:
                 raise click.ClickException(str(exc)) from None
+        elif show_breakdown:
+            from . import breakdown
+
+            built = breakdown.build_breakdown(source.query, by, report_mod.GROUPINGS[by], filters)
+            text = breakdown.RENDERERS[fmt](built)
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
             from .html_report import render_html
 
             title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            html_path.write_text(render_html(source.query, where=filters.where(), title=title))
+            html_path.write_text(render_html(source.query, where=filters.where(), title=title,
+                                             by=(by, report_mod.GROUPINGS[by])))
     click.echo(text, nl=False)
     if html_path is not None:
         click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)

@@ -371,7 +371,12 @@ def _round(value: Any) -> Any:
 def to_json(c: Comparison) -> str:
     from .formatting import dumps
 
-    return dumps({
+    return dumps(as_dict(c))
+
+
+def as_dict(c: Comparison) -> dict[str, Any]:
+    """The comparison as plain values (what `--format json` prints)."""
+    return {
         "by": c.by,
         "method": {"statistic": "difference of medians (group - baseline) within input-token buckets "
                                 "(powers of two), weighted by the bucket's requests",
@@ -387,7 +392,7 @@ def to_json(c: Comparison) -> str:
                          "detectable_ms": _round(d.detectable_ms)} for d in c.differences],
         "ttft_parts_diff_ms": [{k: _round(v) for k, v in p.items()} for p in c.ttft_parts],
         "sampled": c.sampled,
-    })
+    }
 
 
 RENDERERS = {"table": to_table, "json": to_json}

@@ -174,13 +174,16 @@ def page(title: str, body: str, scripts: str) -> str:
     )
 
 
-def report_page(title: str, where: str, data: dict[str, Any], charts: list[dict[str, Any]]) -> str:
+def report_page(title: str, where: str, data: dict[str, Any], charts: list[dict[str, Any]],
+                panels: str = "") -> str:
+    """`panels`: more sections after the summary table, as HTML (the TTFT breakdown)."""
     totals = data["totals"]
     drawable = [c for c in charts if c["series"]]
     body = (
         header(title, where, totals)
         + "<main>"
         + summary_table(data["summary"])
+        + panels
         + '<section class="grid">'
         + "".join(chart_card(c) for c in charts)
         + "</section>"

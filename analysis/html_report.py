@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import duckdb
 
+from analysis.breakdown import build_breakdown, html_panel
 from analysis.html_charts import build_charts
 from analysis.html_page import empty_page, report_page
 from analysis.html_queries import Query, fetch_report_data
@@ -34,12 +35,15 @@ def render_html(
     query: Callable[[str], tuple[list[str], list[str], list[tuple]]],
     where: str = "TRUE",
     title: str = "llmtap report",
+    by: tuple[str, str] = ("route", "route"),
 ) -> str:
-    """The report over the requests matching `where` (an SQL predicate on `requests`)."""
+    """The report over the requests matching `where` (an SQL predicate on `requests`); its TTFT
+    breakdown grouped by `by` (a name and its SQL expression, as `report.GROUPINGS`)."""
     data = fetch_report_data(query, where)
     if not data["totals"]["requests"]:
         return empty_page(title, where, data["totals"])
-    return report_page(title, where, data, build_charts(data))
+    panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
+    return report_page(title, where, data, build_charts(data), panels=panel)
 
 
 def duckdb_query(con: duckdb.DuckDBPyConnection) -> Query:

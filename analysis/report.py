@@ -44,6 +44,7 @@ GROUPINGS: dict[str, str] = {
     "model": "request_model",
     "tool": "tool",
     "route": "route",
+    "upstream_host": "upstream_host",
     "tag": "tag",
     "hour": "strftime(hour, '%Y-%m-%d %H:00')",
     "day": "strftime(day, '%Y-%m-%d')",

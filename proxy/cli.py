@@ -29,6 +29,7 @@ COMMANDS = {
     "prices": "analysis.cli:prices",
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",
+    "compare": "analysis.compare_cli:compare",
     "top": "analysis.top.cli:top",
     "status": "analysis.upkeep_cli:status",
     "prune": "analysis.upkeep_cli:prune",

@@ -5,6 +5,7 @@ Structure only: sums, which parts are zero, and a 150 ms hold that must land in 
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,3 +140,41 @@ async def test_a_local_answer_has_no_connection(proxy: RunningProxy) -> None:
 async def stream_status(session: aiohttp.ClientSession, url: str, status: int) -> None:
     async with session.post(url, json=DIALECTS["openai_chat"][1]) as r:
         assert r.status == status, await r.text()
+
+
+async def test_report_breakdown_shows_every_request_paying_a_fresh_tls_connection(
+        tmp_path: Path, tls: tuple[ssl.SSLContext, Path]) -> None:
+    """/a reuses its connection; /b's upstream closes each one, and each new TLS handshake there
+    costs 150 ms: the breakdown says so, in the table, the bars, the JSON and the HTML report."""
+    from click.testing import CliRunner
+
+    from analysis.cli import report
+
+    slow = SimConfig(**FAST, connect_delay_ms=150, keep_alive=False)
+    async with Simulator(SimConfig(**FAST)) as a, Simulator(slow, ssl_context=tls[0]) as b:
+        config = proxy_config(a.url, tmp_path, routes={"/a": a.url, "/b": b.url}, ca_bundle=str(tls[1]))
+        async with RunningProxy(config) as p, aiohttp.ClientSession() as s:
+            for _ in range(4):
+                for route in ("/a", "/b"):
+                    await stream(s, p.url + route, "openai_chat")
+            assert p.flush(10)
+    db = str(tmp_path / "llmtap.duckdb")
+    runner = CliRunner()
+    text = runner.invoke(report, ["--db", db, "--breakdown", "--by", "route"]).output
+    lines = text.splitlines()
+    head = next(line for line in lines if line.startswith("route"))
+    assert head.split() == ["route", "reqs", "new%", "llmtap", "dns", "connect", "tls", "wait", "→token", "TTFT",
+                            "decode"]
+    row_a = next(line.split() for line in lines if line.startswith("/a "))
+    row_b = next(line.split() for line in lines if line.startswith("/b "))
+    assert row_a[1:3] == ["4", "25%"] and row_a[6] == "0.0"
+    assert row_b[1:3] == ["4", "100%"] and float(row_b[6]) >= 149
+    bar_a, bar_b = (next(line for line in lines if line.startswith(r + "  ") and line.endswith(" ms")) for r in ("/a", "/b"))
+    assert bar_b.count("▓") > 30 and "▓" not in bar_a and len(bar_b) > len(bar_a)
+    data = json.loads(runner.invoke(report, ["--db", db, "--breakdown", "--by", "route", "--format", "json"]).output)
+    for group in data["groups"]:  # the means of the parts add up to the mean TTFT
+        means = group["mean_ms"]
+        assert sum(v for k, v in means.items() if k != "ttft") == pytest.approx(means["ttft"], abs=0.01)
+    page = tmp_path / "r.html"
+    assert runner.invoke(report, ["--db", db, "--by", "route", "--html", str(page)]).exit_code == 0
+    assert "Where TTFT goes, by route" in page.read_text() and 'title="tls: ' in page.read_text()

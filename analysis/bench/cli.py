@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,12 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
 
 
 @click.command()
-@click.option("--base-url", metavar="URL", help="OpenAI-compatible base (ends in /v1) or Anthropic base "
-              "(no /v1). Default: the running proxy's default route, else the built-in simulator.")
+@click.option("--base-url", "base_urls", multiple=True, metavar="URL", help="OpenAI-compatible base (ends in /v1) "
+              "or Anthropic base (no /v1). Default: the running proxy's default route, else the built-in "
+              "simulator. Twice or more: compare these channels (as --routes, through an in-process proxy).")
+@click.option("--routes", "routes_text", metavar="/A,/B,...", help="Compare these routes of the running proxy "
+              "(two or more channels to the same model): the same requests to each, interleaved, then "
+              "compare's verdict.")
 @click.option("--api", type=click.Choice(["openai", "anthropic"]), default="openai", show_default=True,
               help="Chat Completions or Messages.")
 @click.option("--model", help="Model name (required except against the built-in simulator).")
@@ -47,8 +52,8 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
               help="Record into this DuckDB file (via an in-process proxy) instead of the default database.")
 @click.option("--experiment", "experiments", multiple=True, type=click.Choice([*EXPERIMENTS, "all"]),
               help="Which experiment (repeatable). Default: all.")
-@click.option("--runs", type=POSITIVE, default=5, show_default=True,
-              help="Measured requests per point (per client in the concurrency sweep).")
+@click.option("--runs", type=POSITIVE, help="Measured requests per point (per client in the concurrency sweep) "
+              "[default: 5]; with --routes, per channel [default: 30].")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Warm-up rounds per experiment (a round: as many requests as its first point has in flight), "
               "left out of the statistics.")
@@ -68,19 +73,30 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
 @click.option("--format", "fmt", type=click.Choice(list(RENDERERS)), default="table", show_default=True,
               help="Output format.")
 def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs: tuple[int, ...] | None,
-          concurrency: tuple[int, ...] | None, runs: int, fmt: str, max_requests: int | None,
-          max_seconds: float | None, api_key: str | None, api_key_env: str | None, **options: Any) -> None:
+          concurrency: tuple[int, ...] | None, runs: int | None, fmt: str, max_requests: int | None,
+          max_seconds: float | None, api_key: str | None, api_key_env: str | None, base_urls: tuple[str, ...],
+          routes_text: str | None, **options: Any) -> None:
     """Measure TTFT, TPOT and throughput with controlled requests.
 
     Input-length, output-length, concurrency and streaming sweeps, recorded by
     the proxy under the tag bench-<time>-<experiment>. Through the running
     `llmtap serve` when there is one (its route must point at --base-url's
     upstream), else through a proxy started for the run; with no --base-url,
-    against the built-in simulated upstream. Ctrl-C stops and keeps what was
-    measured.
+    against the built-in simulated upstream. With --routes (or --base-url
+    twice or more): one request to each channel in turn, the same prompt
+    length, under one tag, then `llmtap compare`'s verdict. Ctrl-C stops and
+    keeps what was measured.
     """
     if api_key and api_key_env:
         raise click.UsageError("give --api-key or --api-key-env, not both")
+    if routes_text or len(base_urls) > 1:
+        if experiments:
+            raise click.UsageError("--routes runs its own interleaved comparison: --experiment does not apply")
+        _channels(base_urls, routes_text, runs, inputs, outputs, fmt, max_requests, max_seconds, api_key,
+                  api_key_env, options)
+        return
+    runs = runs or 5
+    options["base_url"] = base_urls[0] if base_urls else None
     chosen = EXPERIMENTS if not experiments or "all" in experiments else tuple(experiments)
     points = {name: value for name, value in (("inputs", inputs), ("outputs", outputs),
                                               ("concurrency", concurrency)) if value}
@@ -97,6 +113,59 @@ def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs:
     for line in recording_notes(outcome.run, outcome.recorded, db=outcome.info.db, base_url=request.base_url,
                                 db_flag=request.db, direct=request.direct):
         click.echo(line, err=True)
+
+
+def _channels(base_urls: tuple[str, ...], routes_text: str | None, runs: int | None,
+              inputs: tuple[int, ...] | None, outputs: tuple[int, ...] | None, fmt: str,
+              max_requests: int | None, max_seconds: float | None, api_key: str | None,
+              api_key_env: str | None, options: dict[str, Any]) -> None:
+    """`bench --routes` / `--base-url` twice or more (analysis/bench/channels.py)."""
+    from .channels import DEFAULT_INPUT, DEFAULT_MAX_TOKENS, DEFAULT_ROUNDS, RENDERERS as CHANNEL_RENDERERS
+    from .channels import ChannelsUsageError, bench_channels, parse_routes
+    from .run import DEFAULT_KEY_ENV
+
+    api = options["api"]
+    try:
+        routes = parse_routes(routes_text) if routes_text else ()
+    except ChannelsUsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--routes") from None
+    key = api_key or (os.environ.get(api_key_env) if api_key_env else os.environ.get(DEFAULT_KEY_ENV[api]))
+    if api_key_env and not key:
+        raise click.ClickException(f"the environment variable {api_key_env} is not set")
+    progress = ProgressLine()
+    budget = Budget(max_requests, max_seconds)
+    try:
+        channel_run = run_loop(lambda: _until_interrupted(budget, bench_channels(
+            api, options.get("model"), key, routes, base_urls, options.get("db"), budget,
+            rounds=runs or DEFAULT_ROUNDS, input_tokens=inputs[0] if inputs else DEFAULT_INPUT,
+            max_tokens=outputs[0] if outputs else DEFAULT_MAX_TOKENS, warmup=options["warmup"],
+            timeout_s=options["timeout_s"], progress=progress)))
+    except (ChannelsUsageError, BenchError, StoreError) as exc:
+        progress.clear()
+        raise click.ClickException(str(exc)) from None
+    stopped = f"; stopped: {channel_run.stopped_by}" if channel_run.stopped_by else ""
+    progress.finish(f"bench: {channel_run.sent} requests in {channel_run.elapsed_s:.1f} s{stopped}")
+    click.echo(CHANNEL_RENDERERS[fmt](channel_run, api, options.get("model") or ""), nl=False)
+    if channel_run.db:
+        click.echo(f"recorded in {channel_run.db} under {channel_run.tag}: llmtap report --tag {channel_run.tag} "
+                   "--by route --breakdown", err=True)
+
+
+async def _until_interrupted(budget: Budget, work: Any) -> Any:
+    """The first Ctrl-C stops the run (and keeps what was measured); a second one aborts."""
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        budget.stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        return await work
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 async def _bench_until_interrupted(request: BenchRequest, budget: Budget, progress: ProgressLine) -> BenchOutcome:
