@@ -94,6 +94,11 @@ def _snapshot() -> Any:
     return data_snapshot.get_snapshot()
 
 
+def load() -> None:
+    """Read the package's data now (some 0.2 s, once per process), not when the first row is priced."""
+    _snapshot()
+
+
 def source() -> str:
     """The package and version the prices come from (and the time of a fetched update)."""
     from genai_prices import __version__

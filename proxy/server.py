@@ -20,7 +20,8 @@ from .client_key import client_key
 from .config import ConfigError, ServeConfig, admin_token
 from .guard import Guard
 from .redact import scrub_library_logs
-from .metrics import PrometheusMetrics
+from . import prices
+from .metrics import METRICS_NAMES, PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
 from .recorder import on_rows, store_observer
 from .relay_state import ProxyState, _stderr
@@ -87,8 +88,12 @@ class RunningProxy:
                                 admin_token=admin_token(config), client_key=client_key() if injects else None,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
+        if config.metrics_names not in METRICS_NAMES:
+            raise ConfigError(f"metrics_names is {' or '.join(METRICS_NAMES)}, not {config.metrics_names!r}")
+        if config.update_prices:
+            prices.enable_updates()  # genai-prices' own hourly fetch: opt-in
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
-                                               loop_lag=self.state.loop_lag.summary)
+                                               loop_lag=self.state.loop_lag.summary, names=config.metrics_names)
         recorder = self.state.recorder
         if self.store is not None:
             recorder.observe(store_observer(self.store, config.record_chunks))

@@ -23,7 +23,13 @@ from proxy.recorder import on_rows
 from proxy.metrics import PrometheusMetrics  # noqa: E402
 from proxy.server import RunningProxy  # noqa: E402
 
-from .test_metrics import send_mix  # noqa: E402
+from .test_metrics import MESSAGES, MIX, send_mix  # noqa: E402
+
+# a priced model on an API key and on a Claude login: the cost counter and the limit gauges have samples
+PRICED_AND_LIMITED = [
+    ("POST", "/v1/messages", {**MESSAGES, "model": "claude-haiku-4-5"}, {"x-api-key": "sk-ant-api03-sim"}),
+    ("POST", "/v1/messages", {**MESSAGES, "model": "claude-haiku-4-5"}, {"authorization": "Bearer sk-ant-oat01-sim"}),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy/grafana/dashboards/llmtap.json"
@@ -130,7 +136,7 @@ def promql_parts(expr: str) -> tuple[set[str], set[str], set[tuple[str, str]]]:
 async def test_every_dashboard_query_names_what_the_scrape_has(proxy: RunningProxy) -> None:
     metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
     proxy.state.recorder.observe(on_rows(metrics.observe))
-    await send_mix(proxy)
+    await send_mix(proxy, [*MIX, *PRICED_AND_LIMITED])
     while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured
         await asyncio.sleep(0.01)
     scrape = [s for f in text_string_to_metric_families(metrics.render()[0].decode()) for s in f.samples]

@@ -1,4 +1,5 @@
-"""Prometheus metrics: real requests through the real proxy, read back from the scrape text."""
+"""Prometheus metrics: real requests through the real proxy, read back from the scrape text (the legacy
+names, `serve --metrics-names legacy`; tests/test_metric_names.py has the current ones)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def lbl(route: str, model: str, tool: str, status_class: str, **more: str) -> di
 
 
 async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
-    metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
+    metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary, names="legacy")
     proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy)
     assert proxy.flush(10)
@@ -119,7 +120,7 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
 def test_buckets_follow_the_genai_advice() -> None:
     assert DURATION_BUCKETS[0] == 0.01 and DURATION_BUCKETS[-1] == 81.92 and len(DURATION_BUCKETS) == 14
     assert TOKEN_BUCKETS[0] == 1 and TOKEN_BUCKETS[-1] == 67108864 and len(TOKEN_BUCKETS) == 14
-    text = PrometheusMetrics().render()[0].decode()
+    text = PrometheusMetrics(names="legacy").render()[0].decode()
     assert "gen_ai_client_operation_duration_seconds histogram" in text
 
 
@@ -131,7 +132,7 @@ def row(**values: Any) -> dict[str, Any]:
 
 
 def test_label_cardinality_is_bounded() -> None:
-    metrics = PrometheusMetrics(max_label_values=2)
+    metrics = PrometheusMetrics(max_label_values=2, names="legacy")
     for n in range(5):
         metrics.observe(row(request_model=f"model-{n}", tool="curl"))
     metrics.observe(row(request_model="model-0", tool="curl"))
@@ -146,14 +147,14 @@ def test_label_cardinality_is_bounded() -> None:
 
 @pytest.mark.parametrize(("status", "expected"), [(None, "none"), (101, "1xx"), (204, "2xx"), (503, "5xx")])
 def test_status_class(status: int | None, expected: str) -> None:
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(names="legacy")
     metrics.observe(row(status=status, outcome="upstream_unreachable" if status is None else "ok"))
     found = samples(metrics.render()[0].decode())
     assert [dict(k[1])["status_class"] for k in found if k[0] == "llmtap_requests_total"] == [expected]
 
 
 def test_observe_never_raises() -> None:
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(names="legacy")
     metrics.observe(row(e2e_ms="not a number"))
     metrics.observe({})  # no keys at all: counted with "none" labels, no duration
     found = samples(metrics.render()[0].decode())
@@ -187,7 +188,7 @@ async def test_admin_endpoint_serves_the_scrape(sim: Simulator, tmp_path: Path) 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     """A value equal to a bound counts in that bound's bucket (Prometheus `le`), each bucket
     counts everything below it, +Inf counts all, and the sum is exact."""
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(names="legacy")
     for e2e_ms in (10.0, 10.0001, 640.0, 100_000.0):  # 0.01 s is the first bound, 0.64 s another
         metrics.observe(row(e2e_ms=e2e_ms))
     found = samples(metrics.render()[0].decode())

@@ -33,13 +33,18 @@ from .conftest import rows  # noqa: E402
 from .test_metrics import send_mix  # noqa: E402
 
 
-@pytest.fixture
-def memory() -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
+def in_memory(names: str) -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
-    return OtelExporter(tracer_provider, MeterProvider(metric_readers=[reader])), spans, reader
+    return OtelExporter(tracer_provider, MeterProvider(metric_readers=[reader]), names=names), spans, reader
+
+
+@pytest.fixture
+def memory() -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
+    """The legacy names (`--metrics-names legacy`); tests/test_metric_names.py has the current ones."""
+    return in_memory("legacy")
 
 
 async def test_spans_from_real_requests(proxy: RunningProxy, memory) -> None:
@@ -154,7 +159,8 @@ async def collector() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, str]
 
 async def test_otlp_http_export_to_a_collector(proxy: RunningProxy, collector) -> None:
     url, received = collector
-    settings = OtelSettings(endpoint=url, headers={"Authorization": "Bearer t0ken"}, service_name="gw-1")
+    settings = OtelSettings(endpoint=url, headers={"Authorization": "Bearer t0ken"}, service_name="gw-1",
+                            metrics_names="legacy")
     exporter = OtelExporter.from_settings(settings)
     proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)

@@ -181,20 +181,29 @@ async def test_the_collector_decodes_spans_and_metrics(sim: Simulator, receiver:
 
     metrics = receiver.metric()
     units = {name: m.unit for name, m in metrics.items()}
-    assert units == {"gen_ai.client.operation.duration": "s", "gen_ai.client.operation.time_to_first_chunk": "s",
-                     "gen_ai.client.operation.time_per_output_chunk": "s", "gen_ai.client.token.usage": "{token}"}
-    duration = list(metrics["gen_ai.client.operation.duration"].histogram.data_points)
+    usage = {f"gen_ai.client.inference.usage.{part}": "{token}" for part in (
+        "input_tokens", "output_tokens", "cache_read.input_tokens", "cache_write.input_tokens", "reasoning.output_tokens")}
+    assert units == {"gen_ai.client.inference.duration": "s", "gen_ai.client.inference.time_to_first_chunk": "s",
+                     "gen_ai.client.inference.time_per_output_chunk": "s", **usage,
+                     "gen_ai.client.inference.operation.input_tokens": "{token}",
+                     "gen_ai.client.inference.operation.output_tokens": "{token}"}  # gpt-x and claude-x have no price
+    duration = list(metrics["gen_ai.client.inference.duration"].histogram.data_points)
     assert sum(p.count for p in duration) == 3  # the generations, not the model list
     assert tuple(duration[0].explicit_bounds) == DURATION_BUCKETS
     by_model = {attributes(p.attributes)["gen_ai.request.model"] for p in duration}
     assert by_model == {"gpt-x", "claude-x"}
     assert {attributes(p.attributes).get("error.type") is not None for p in duration} == {True, False}
-    ttft = list(metrics["gen_ai.client.operation.time_to_first_chunk"].histogram.data_points)
+    ttft = list(metrics["gen_ai.client.inference.time_to_first_chunk"].histogram.data_points)
     assert [p.count for p in ttft] == [1]
-    tokens = {(attributes(p.attributes)["gen_ai.request.model"], attributes(p.attributes)["gen_ai.token.type"]): p
-              for p in metrics["gen_ai.client.token.usage"].histogram.data_points}
-    assert tokens[("gpt-x", "cache_read")].sum == 40 and tokens[("claude-x", "output")].sum == 5
-    assert tuple(tokens[("gpt-x", "output")].explicit_bounds) == TOKEN_BUCKETS
+
+    def counted(name: str) -> dict[str, float]:
+        points = metrics[f"gen_ai.client.inference.usage.{name}"].sum.data_points
+        assert {attributes(p.attributes)["gen_ai.token.modality"] for p in points} == {"unknown"}
+        return {attributes(p.attributes)["gen_ai.request.model"]: p.as_int for p in points if p.as_int}
+
+    assert counted("cache_read.input_tokens") == {"gpt-x": 40} and counted("output_tokens")["claude-x"] == 5
+    output = list(metrics["gen_ai.client.inference.operation.output_tokens"].histogram.data_points)
+    assert tuple(output[0].explicit_bounds) == TOKEN_BUCKETS
 
     # no credential anywhere: not in an attribute, not in the bytes sent
     every = [resource, *(attributes(s.attributes) for s in receiver.spans()),
@@ -228,7 +237,8 @@ async def test_failing_then_working_export_is_said_once_each(receiver: Receiver)
     """A collector that refuses, then accepts: one line for the failure (with its reason), one when it works
     again, and none of the exporter's own lines."""
     lines: list[str] = []
-    exporter = OtelExporter.from_settings(OtelSettings(endpoint=receiver.url), report=lines.append)
+    exporter = OtelExporter.from_settings(OtelSettings(endpoint=receiver.url, metrics_names="legacy"),
+                                          report=lines.append)
     row = {"id": "r1", "kind": "generation", "dialect": "openai_chat", "request_model": "gpt-x", "e2e_ms": 12.0,
            "started_at": datetime.now(timezone.utc), "outcome": "ok", "status": 200}
     receiver.refuse = 2
