@@ -211,19 +211,33 @@ def _interval(strata: list[tuple[np.ndarray, np.ndarray, int]], rng: np.random.G
     return float(low), float(high)
 
 
-def fmt_diff(ms: float, sign: bool = True) -> str:
-    """+162, −3.1, +0.42 (two decimals under 1 ms, one under 10)."""
-    magnitude = abs(ms)
-    digits = 2 if magnitude < 1 else 1 if magnitude < 10 else 0
-    text = f"{magnitude:.{digits}f}"
+def _digits(ms: float) -> int:
+    """Decimals for a figure of this size: two under 1 ms, one under 10, else none."""
+    return 2 if abs(ms) < 1 else 1 if abs(ms) < 10 else 0
+
+
+def fmt_diff(ms: float, sign: bool = True, digits: int = 0) -> str:
+    """+162, −3.1, +0.42 (two decimals under 1 ms, one under 10; at least `digits`)."""
+    text = f"{abs(ms):.{max(digits, _digits(ms))}f}"
     return ("+" if ms >= 0 else "−") + text if sign else ("" if ms >= 0 else "−") + text
 
 
+def _width_digits(width: float) -> int:
+    """Decimals that tell an interval this wide from its neighbours: 0 from 10 ms, 1 from 0.1 ms."""
+    return 0 if width >= 10 else 1 if width >= 0.1 else 2
+
+
 def fmt_interval(low: float, high: float) -> str:
-    """'141–188' when both are above 0, else '−3.1 to +2.8'."""
+    """'141–188' when both are above 0, else '−3.1 to +2.8'; as many decimals as its width needs."""
+    digits = _width_digits(high - low)
+
+    def fmt(ms: float, sign: bool) -> str:
+        text = f"{abs(ms):.{digits}f}"
+        return ("+" if ms >= 0 else "−") + text if sign else ("" if ms >= 0 else "−") + text
+
     if low > 0:
-        return f"{fmt_diff(low, False)}–{fmt_diff(high, False)}"
-    return f"{fmt_diff(low)} to {fmt_diff(high)}"
+        return f"{fmt(low, False)}–{fmt(high, False)}"
+    return f"{fmt(low, True)} to {fmt(high, True)}"
 
 
 def negligible_ms(metric: str, base_median: float | None) -> float:
@@ -238,13 +252,14 @@ def _verdict(d: Difference, title: str, base_median: float | None) -> None:
         d.verdict = f"cannot compare {title}: too few requests in common input-token buckets"
         return
     interval = f"[95% CI {fmt_interval(d.ci_low_ms, d.ci_high_ms)} ms]"
+    width = _width_digits(d.ci_high_ms - d.ci_low_ms)
     floor = negligible_ms(d.metric, base_median)
     excludes_zero = d.ci_low_ms > 0 or d.ci_high_ms < 0
     if excludes_zero and abs(d.median_diff_ms) >= floor:
         word = "slower" if d.median_diff_ms > 0 else "faster"
-        d.verdict = f"{d.group} is {word}: {fmt_diff(d.median_diff_ms)} ms at p50 {interval}"
+        d.verdict = f"{d.group} is {word}: {fmt_diff(d.median_diff_ms, True, width)} ms at p50 {interval}"
         return
-    base = f"cannot tell {d.group} from {d.baseline}: {fmt_diff(d.median_diff_ms)} ms {interval}"
+    base = f"cannot tell {d.group} from {d.baseline}: {fmt_diff(d.median_diff_ms, True, width)} ms {interval}"
     if excludes_zero:  # a real but negligible difference
         d.verdict = f"{base}, under the {fmt_diff(floor, False)} ms that counts as a difference here"
         return
@@ -318,7 +333,9 @@ def headline(c: Comparison, group: str) -> str | None:
         return None
     if not d.verdict.startswith(f"{group} is "):
         return d.verdict
-    text = f"{group} is {fmt_diff(d.median_diff_ms)} ms at p50 [CI {fmt_interval(d.ci_low_ms, d.ci_high_ms)}]"
+    digits = _width_digits(d.ci_high_ms - d.ci_low_ms)
+    text = (f"{group} is {fmt_diff(d.median_diff_ms, True, digits)} ms at p50 "
+            f"[CI {fmt_interval(d.ci_low_ms, d.ci_high_ms)}]")
     parts = next((p for p in c.ttft_parts if p["group"] == group), None)
     if parts and parts.get("upstream_headers") is not None:
         text += f"; {fmt_diff(parts['upstream_headers'])} ms of it before response headers"
