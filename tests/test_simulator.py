@@ -316,8 +316,10 @@ async def test_capacity_slows_tokens_when_exceeded() -> None:
         (start, first), _ = await pair
         assert sim.active_streams == 0
     pair_ms = (first[-1] - start) * 1000
-    assert solo_ms == pytest.approx(100, abs=40)
-    assert 1.5 * solo_ms < pair_ms < 320  # delays doubled at 2 streams / capacity 1 (loose: CI machines are busy)
+    # Lower bounds only, which a busy machine cannot break (it only adds time): 5 gaps of 20 ms alone,
+    # of 40 ms with 2 streams at capacity 1 (without the slowdown the pair would take 100 ms too).
+    assert solo_ms >= 95
+    assert pair_ms >= 190
 
 
 SYNC_FLUSH = b"\x00\x00\xff\xff"
