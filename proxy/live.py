@@ -29,6 +29,7 @@ from aiohttp import web
 
 from .clients import tool_from_headers
 from .meter import Meter
+from .prices import row_cost
 from .relay_state import ProxyState
 from .recorder import Finished
 from .request_info import parse_request
@@ -40,6 +41,10 @@ FINISHED_FIELDS = (
     "id", "method", "path", "request_model", "tool", "session_id", "status", "outcome", "error_type",
     "stream", "ttft_ms", "tpot_ms", "e2e_ms", "input_tokens", "output_tokens", "cache_read_tokens",
     "output_tokens_per_s", "kind",
+    # for top's cost and limits: the price's inputs, and the limits the upstream stated to the key
+    "response_model", "upstream_host", "key_fingerprint", "credential_kind", "cache_creation_tokens",
+    "reasoning_tokens", "ratelimit_requests_remaining", "ratelimit_requests_limit", "ratelimit_tokens_remaining",
+    "ratelimit_tokens_limit", "ratelimit_5h_utilization", "ratelimit_7d_utilization", "cost_usd",
 )
 Labels = tuple[str | None, str | None, str | None]  # model, tool, session_id
 
@@ -174,6 +179,8 @@ def _tokens_so_far(meter: Meter) -> int:
 
 def finished_entry(row: dict[str, Any]) -> dict[str, Any]:
     entry = {name: row.get(name) for name in FINISHED_FIELDS}
+    if row.get("kind") in ("generation", None):
+        entry["cost_usd"] = row_cost(row)  # as the views' cost_usd: the row itself has no price
     started = row.get("started_at")
     entry["started"] = started.timestamp() if started is not None else None
     return entry

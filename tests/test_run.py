@@ -61,6 +61,7 @@ async def test_run_starts_its_own_proxy_tags_rows_and_keeps_the_exit_code(sim: S
     assert out.splitlines() == [TEXT, TEXT]
     assert "llmtap run: tag mine: 2 requests (anthropic-python, openai-python), 0 errors" in err
     assert "  TTFT p50 " in err and "tokens in 2, out 16" in err
+    assert "  cost $" in err and " at list price (genai-prices " in err  # the generations' list price
     con = duckdb.connect(str(db), read_only=True)
     found = con.execute("SELECT path, tag, tool, output_tokens, ttft_ms > 0 FROM requests ORDER BY path").fetchall()
     con.close()

@@ -102,6 +102,19 @@ class SessionStats:
     wall_s: float | None
 
 
+LIMIT_COLUMNS = ("ratelimit_requests_remaining", "ratelimit_requests_limit", "ratelimit_tokens_remaining",
+                 "ratelimit_tokens_limit", "ratelimit_5h_utilization", "ratelimit_7d_utilization")
+
+
+def _headroom(row: Row) -> float:
+    """The smallest share left of any stated limit (a window's unused part)."""
+    shares = [row[left] / row[limit] for left, limit in (("ratelimit_requests_remaining", "ratelimit_requests_limit"),
+                                                         ("ratelimit_tokens_remaining", "ratelimit_tokens_limit"))
+              if row.get(left) is not None and row.get(limit)]
+    shares += [1 - row[w] for w in ("ratelimit_5h_utilization", "ratelimit_7d_utilization") if row.get(w) is not None]
+    return min(shares, default=1.0)
+
+
 def _total(rows: list[Row], column: str) -> int | None:
     """The column's sum; None when no row knows it."""
     known = [r[column] for r in rows if r.get(column) is not None]
@@ -197,6 +210,21 @@ class TopModel:
             groups.setdefault(row.get(column), []).append(row)
         stats = [group_stats(label, rows) for label, rows in groups.items()]
         return sorted(stats, key=lambda g: (-g.requests, g.label or ""))
+
+    def cost(self) -> float | None:
+        """The window's generations at list price (cost_usd); None when none is priced."""
+        known = [r["cost_usd"] for r in self.in_window() if r.get("cost_usd") is not None]
+        return sum(known) if known else None
+
+    def limits(self) -> list[Row]:
+        """The latest limits each upstream stated per key in the window, the scarcest first."""
+        latest: dict[tuple[Any, Any], Row] = {}
+        for row in self.in_window():
+            if any(row.get(c) is not None for c in LIMIT_COLUMNS):
+                key = (row.get("key_fingerprint"), row.get("upstream_host"))
+                merged = latest.setdefault(key, {"key_fingerprint": key[0], "upstream_host": key[1]})
+                merged.update({c: row[c] for c in LIMIT_COLUMNS if row.get(c) is not None})
+        return sorted(latest.values(), key=_headroom)
 
     def outcomes(self) -> Counter[str]:
         """Requests by outcome over the window (`ok` included)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, truncate
+from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, fmt_usd, truncate
 from ..report import fmt_wall
 from .model import GroupStats, SessionStats, TopModel
 
@@ -148,6 +148,30 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
     return Section(Line(truncate(text, width), heading=True), [])
 
 
+LIMITS = (Column("upstream", 14, False, grow=True), Column("requests", 11), Column("tokens", 13), Column("5h", 6),
+          Column("7d", 6))
+
+
+def _left(row: dict[str, Any], left: str, limit: str) -> str:
+    if row.get(left) is None:
+        return "-"
+    return f"{fmt_count(row[left])}/{fmt_count(row[limit])}" if row.get(limit) is not None else fmt_count(row[left])
+
+
+def limits_section(model: TopModel, width: int) -> Section | None:
+    """The latest limits per key, the scarcest first; none when no upstream stated any."""
+    found = model.limits()
+    if not found:
+        return None
+    return table(f"limits {len(found)} key{'' if len(found) == 1 else 's'}", LIMITS, [
+        (_name(r.get("key_fingerprint")),
+         [_name(r.get("upstream_host")), _left(r, "ratelimit_requests_remaining", "ratelimit_requests_limit"),
+          _left(r, "ratelimit_tokens_remaining", "ratelimit_tokens_limit"),
+          fmt_pct(r.get("ratelimit_5h_utilization"), scale=100), fmt_pct(r.get("ratelimit_7d_utilization"), scale=100)])
+        for r in found
+    ], width)
+
+
 def _requests(s: SessionStats) -> str:
     """Finished requests, `+N` for those in flight."""
     return f"{s.requests}+{s.live}" if s.live else str(s.requests)
@@ -178,6 +202,8 @@ def title(model: TopModel, source: str, status: str | None, clock: Callable[[], 
     lag = model.loop_lag.get("p99_ms")
     parts = [f"llmtap top  {source}", f"{len(model.inflight)} in flight", f"{model.finished_total} done",
              f"lag p99 {lag:.1f}ms" if lag is not None else "lag -", time.strftime("%H:%M:%S", time.localtime(clock()))]
+    if (cost := model.cost()) is not None:
+        parts.insert(-1, f"cost {fmt_usd(cost)}/{window_label(model.window_s)}")
     if model.dropped or model.finished_dropped:
         parts.insert(-1, f"dropped {model.dropped} ticks, {model.finished_dropped} rows")
     if status:
@@ -193,6 +219,7 @@ def sections(model: TopModel, width: int) -> list[Section]:
         group_section(f"model {window}", model.by("request_model"), width),
         group_section(f"tool {window}", model.by("tool"), width),
         errors_section(model, window, width),
+        *([limits] if (limits := limits_section(model, width)) is not None else []),
         sessions_section(model, width),
     ]
 

@@ -1,4 +1,4 @@
-"""What one `llmtap run` did: its requests' count, errors, TTFT and tokens.
+"""What one `llmtap run` did: its requests' count, errors, TTFT, tokens and their list price.
 
 TTFT is over generations (the `kind` column): a tool's token counts, probes
 and model lists answer in milliseconds and are no first token.
@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from .. import prices
 from ..running import AdminClient, AdminError
 from ..store import StoreError, open_readonly
 
@@ -73,6 +74,38 @@ class Totals:
     input_tokens: int | None
     output_tokens: int | None
     tools: str | None
+    cost: "Cost | None" = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The generations' tokens at list price (proxy/prices.py, as the views' cost_usd)."""
+
+    usd: float
+    unpriced: int  # generations with tokens of a model genai-prices does not know
+    subscription: bool  # some on a Claude or ChatGPT login: a list-price equivalent
+    source: str
+
+
+COST_COLUMNS = ("response_model", "request_model", "upstream_host", "started_at", "input_tokens", "output_tokens",
+                "cache_read_tokens", "cache_creation_tokens", "reasoning_tokens", "credential_kind")
+
+
+def cost(query: "Query", where: str) -> Cost:
+    columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind = 'generation'"
+                             " AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) LIMIT 100000")
+    usd, unpriced, subscription = 0.0, 0, False
+    for values in rows:
+        row = dict(zip(columns, values))
+        if isinstance(row["started_at"], str):  # over the admin endpoint
+            row["started_at"] = datetime.fromisoformat(row["started_at"])
+        price = prices.row_cost(row)
+        if price is None:
+            unpriced += 1
+        else:
+            usd += price
+            subscription = subscription or row["credential_kind"] in prices.SUBSCRIPTION_KINDS
+    return Cost(usd, unpriced, subscription, prices.source())
 
 
 class Query:
@@ -113,7 +146,7 @@ class Query:
 def totals(query: Query, where: str) -> Totals:
     columns, _, rows = query(totals_sql(where))
     row = dict(zip(columns, rows[0]))
-    return Totals(**row)
+    return Totals(**row, cost=cost(query, where) if row["generations"] else None)
 
 
 def _ms(value: float | None) -> str:
@@ -134,6 +167,14 @@ def render(label: str, t: Totals, errors: list[dict[str, Any]]) -> str:
         over = f"{t.generations} generation{'s' if t.generations != 1 else ''}"
         lines.append(f"  TTFT p50 {_ms(t.ttft_p50_ms)}, p95 {_ms(t.ttft_p95_ms)} over {over}; "
                      f"tokens in {_count(t.input_tokens)}, out {_count(t.output_tokens)}")
+    if t.cost is not None:
+        c = t.cost
+        line = f"  cost ${c.usd:,.4f} at list price ({c.source})"
+        if c.subscription:
+            line += ", a list-price equivalent on a subscription"
+        if c.unpriced:
+            line += f"; {c.unpriced} of unknown models not priced"
+        lines.append(line)
     for e in errors:
         kind = e["error_type"] or e["outcome"]
         message = (e.get("message") or "").replace("\n", " ")[:100]
