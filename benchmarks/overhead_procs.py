@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy import running
+from proxy import procfs, running
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
 TASKSET = shutil.which("taskset")
 START_TIMEOUT_S = 30.0
@@ -270,30 +269,8 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: str) -> tuple[subproces
 # -- /proc ----------------------------------------------------------------------------------
 
 
-def tree(pid: int) -> list[int]:
-    """pid and its children (nginx's worker)."""
-    pids = [pid]
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                pids.extend(int(c) for c in f.read().split())
-    except OSError:
-        pass
-    return pids
-
-
-def cpu_times(pids: list[int]) -> tuple[float, float]:
-    """(utime, stime) of the processes (all their threads), in seconds."""
-    user = system = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user += int(fields[11])  # fields 14 and 15 of stat(5)
-        system += int(fields[12])
-    return user / CLK_TCK, system / CLK_TCK
+tree = procfs.children
+cpu_times = procfs.cpu_times
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -301,11 +278,10 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise BenchError(f"no VmRSS for PID {pid}")
+    try:
+        return procfs.rss_kib(pid)
+    except (OSError, LookupError):
+        raise BenchError(f"no VmRSS for PID {pid}") from None
 
 
 def loadavg() -> list[float]:

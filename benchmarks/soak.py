@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from proxy import running
+from proxy import procfs, running
 
 RSS_TOLERANCE_MB = 15.0  # over the measured window, beyond the warm-up
 DUCKDB_MEMORY = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
@@ -61,12 +60,10 @@ class Load:
 
 
 def rss_mb(pid: int) -> float:
-    text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", text)[1]) / 1024  # type: ignore[index]
+    return procfs.rss_kib(pid) / 1024
 
 
-def fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+fds = procfs.open_fds
 
 
 def slope_per_min(xs: list[float], ys: list[float]) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy import running
+from proxy import procfs, running
 
 Handler = Callable[["RawConn"], Awaitable[None]]
 
@@ -25,25 +25,18 @@ Handler = Callable[["RawConn"], Awaitable[None]]
 
 
 def rss_mb(pid: int | str = "self") -> float:
-    """Resident memory now, from /proc/<pid>/status (VmRSS)."""
-    text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", text)[1]) / 1024  # type: ignore[index]
+    return procfs.rss_kib(pid) / 1024
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
-    """The highest resident memory since `reset_peak` (VmHWM)."""
-    text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmHWM:\s+(\d+) kB", text)[1]) / 1024  # type: ignore[index]
+    return procfs.peak_rss_kib(pid) / 1024
 
 
 def reset_peak(pid: int | str = "self") -> float:
-    """Start measuring the peak from now (Linux: 5 > /proc/<pid>/clear_refs); returns RSS now."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-    return rss_mb(pid)
+    return procfs.reset_peak(pid) / 1024
 
 
-def open_fds(pid: int | str = "self") -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+open_fds = procfs.open_fds
 
 
 @dataclass
