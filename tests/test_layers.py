@@ -43,3 +43,13 @@ def test_the_simulator_is_an_independent_check_of_the_parsers() -> None:
     core = ("proxy.meter", "proxy.sse", "proxy.dialects", "proxy.forward", "proxy.store", "proxy.relay_state")
     found = [e for e in edges("proxy/simulator", "proxy") if e.split(" -> ")[1].startswith(core)]
     assert found == []
+
+
+if __name__ == "__main__":  # python -m tests.test_layers [ROOT]: the proxy -> analysis edges of a tree
+    import sys
+
+    if len(sys.argv) > 1:
+        ROOT = Path(sys.argv[1]).resolve()
+        COMPOSITION_ROOT = ROOT / "proxy" / "cli.py"
+    found = edges("proxy", "analysis")
+    print("\n".join(found) if found else "no proxy -> analysis edge outside proxy/cli.py")
