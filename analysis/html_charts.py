@@ -114,6 +114,26 @@ def error_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
     return chart
 
 
+def cost_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
+    """Stacked bars: the list price of each UTC day's requests, one stack per model."""
+    rows = data.get("cost_by_day", [])
+    days = sorted({row["day"] for row in rows})
+    series = []
+    for model, model_rows in group_rows(rows).items():
+        usd = {row["day"]: round(row["usd"], 6) for row in model_rows}
+        series.append({"label": model, "color": colors.get(model, OTHER_COLOR),
+                       "x": list(range(len(days))), "y": [usd.get(d, 0) for d in days]})
+    series.sort(key=lambda s: s["color"] if s["color"] >= 0 else 1_000_000)
+    chart = spec("cost-per-day", "bars", "Cost per day (USD, list price)", "day (UTC)", "USD", "", series)
+    chart["categories"] = days
+    chart["counts"] = False  # dollars: the y axis needs no whole-number ticks
+    subscription = any(row["subscription"] for row in rows)
+    chart["note"] = ("The tokens at genai-prices list prices, stacked by model"
+                     + ("; subscription traffic is a list-price equivalent, not money spent." if subscription else ".")
+                     if series else "No priced requests in this selection (unknown models have no cost).")
+    return chart
+
+
 def error_category(row: dict[str, Any]) -> str:
     """`HTTP 429` for an upstream's error status, else the outcome (`upstream_timeout`)."""
     if row["outcome"] == "http_error" and row["status"] is not None:
@@ -140,4 +160,5 @@ def build_charts(data: dict[str, Any]) -> list[dict[str, Any]]:
         time_chart(data, colors, "tpot_ms", "TPOT"),
         histogram_chart(data, colors),
         error_chart(data, colors),
+        cost_chart(data, colors),
     ]

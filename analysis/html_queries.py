@@ -138,6 +138,18 @@ def errors_by_model_sql(where: str) -> str:
     GROUP BY ALL ORDER BY n DESC"""
 
 
+def cost_by_day_sql(where: str) -> str:
+    """The list price of each day's priced requests, by model (the charted ones, then the rest)."""
+    return f"""{base_cte(where)}
+    SELECT strftime(day, '%Y-%m-%d') AS day,
+        CASE WHEN top.rank IS NULL THEN '(other models)' ELSE r.model END AS model,
+        coalesce(top.rank, {CHART_MODELS + 1}) AS rank, sum(cost_usd) AS usd,
+        bool_or(billing = 'subscription') AS subscription
+    FROM r LEFT JOIN top USING (model)
+    WHERE cost_usd IS NOT NULL
+    GROUP BY ALL ORDER BY day, rank"""
+
+
 def error_table_sql(where: str) -> str:
     return f"""{base_cte(where)}
     SELECT coalesce(outcome, '(none)') AS outcome, status, error_type,
@@ -145,6 +157,11 @@ def error_table_sql(where: str) -> str:
         left(any_value(error_message), 160) AS example
     FROM r WHERE outcome IS DISTINCT FROM 'ok'
     GROUP BY ALL ORDER BY n DESC, outcome LIMIT 20"""
+
+
+def _has(query: Query, column: str) -> bool:
+    """Whether `requests` has this column (the views' derived ones are absent from a bare table)."""
+    return column in query("SELECT * FROM requests LIMIT 0")[0]
 
 
 def bucket_seconds(span_s: float, requests: int) -> int:
@@ -172,6 +189,7 @@ def fetch_report_data(query: Query, where: str = "TRUE") -> dict[str, Any]:
         "bucket_s": bucket_s,
         "histogram": rows_as_dicts(query, histogram_sql(where)),
         "errors_by_model": rows_as_dicts(query, errors_by_model_sql(where)),
+        "cost_by_day": rows_as_dicts(query, cost_by_day_sql(where)) if _has(query, "cost_usd") else [],
         "error_table": rows_as_dicts(query, error_table_sql(where)),
     }
     return data

@@ -290,9 +290,22 @@ def test_renders_through_the_cli_source_and_filters(tmp_path: Path) -> None:
         one_tool = render_html(source.query, where=Filters(tools=("codex",)).where())
     finally:
         source.close()
-    assert len(charts_by_id(everything)) == CHART_COUNT
+    charts = charts_by_id(everything)
+    assert len(charts) == CHART_COUNT + 1  # with the views, the cost per day too
+    cost = charts["cost-per-day"]
+    assert cost["categories"] == ["2026-11-28", "2026-11-29", "2026-11-30"] and cost["counts"] is False
+    _, _, (total,) = source_rows(tmp_path / "fixture.duckdb", "SELECT sum(cost_usd) FROM requests")
+    assert sum(sum(s["y"]) for s in cost["series"]) == pytest.approx(total[0], rel=1e-5)
     assert "All models</th><td>31</td>" in everything
     assert "Filter: <code>tool IN (&#x27;codex&#x27;)</code>" in one_tool
+
+
+def source_rows(db: Path, sql: str) -> tuple[list[str], list[str], list[tuple]]:
+    source = open_source(db)
+    try:
+        return source.query(sql)
+    finally:
+        source.close()
 
 
 def test_report_html_option_writes_the_page(tmp_path: Path) -> None:

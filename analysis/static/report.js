@@ -193,7 +193,7 @@
     return {
       scales: { x: { time: false, range: [-0.5, cats.length - 0.5] }, y: { range: fromZero } },
       padding: [null, 56, null, null],
-      series: [{ label: "outcome", value: function (u, v) { return v == null ? "" : cats[v]; } }]
+      series: [{ label: chart.x || "outcome", value: function (u, v) { return v == null ? "" : cats[v]; } }]
         .concat(order.map(function (i) {
           var c = color(chart.series[i].color);
           return {
@@ -207,7 +207,7 @@
         values: function (u, splits) { return splits.map(function (i) { return cats[i]; }); },
         rotate: cats.length > 4 ? -25 : 0, size: cats.length > 4 ? 90 : 50, grid: { show: false },
       },
-      yAxis: { incrs: COUNT_INCRS },
+      yAxis: chart.counts === false ? {} : { incrs: COUNT_INCRS },
     };
   }
 
