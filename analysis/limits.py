@@ -197,10 +197,15 @@ def _latest_value(records: Sequence[dict[str, Any]], until: dict[str, Any] | Non
 
 # -- rendering ----------------------------------------------------------------------------
 
+def _n(value: Any) -> str:
+    """Exact below 100,000 (3,979 of 4,000 is no '4.0k'), else short."""
+    return f"{int(value):,}" if abs(value) < 100_000 else fmt_count(value)
+
+
 def _of(left: Any, limit: Any) -> str:
     if left is None:
         return "-"
-    return f"{fmt_count(left)}/{fmt_count(limit)}" if limit is not None else fmt_count(left)
+    return f"{_n(left)}/{_n(limit)}" if limit is not None else _n(left)
 
 
 def _pct(share: float | None) -> str:
