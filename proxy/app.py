@@ -170,21 +170,22 @@ async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
-    connector = aiohttp.TCPConnector(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
-                                     ssl=client_ssl_context(cfg.ca_bundle))
+    # measuring, the connector stamps each request's connection moments (proxy/conn_timing.py)
+    make = conn_timing.TimedConnector if cfg.measure else aiohttp.TCPConnector
+    connector = make(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
+                     ssl=client_ssl_context(cfg.ca_bundle))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
-    if cfg.measure:  # each request's connection moments (proxy/conn_timing.py): a signal or three per request
-        conn_timing.time_tcp_connects(connector)
     state.session = aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
-        trace_configs=[conn_timing.trace_config()] if cfg.measure else None,
         **HTTP_LIMITS,
     )
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup
     yield
     lag.cancel()
     await state.session.close()
+    if isinstance(connector, conn_timing.TimedConnector):  # its resolver is its own, not the connector's
+        await connector.resolver.close()
 
 
 def make_app(state: ProxyState) -> web.Application:

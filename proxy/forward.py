@@ -15,6 +15,7 @@ from aiohttp import web
 
 from multidict import CIMultiDict
 
+from . import conn_timing
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
@@ -132,14 +133,17 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
                          path: str, route: Route) -> aiohttp.ClientResponse:
     headers = outgoing_headers(request, route, path)
     marks = None if meter is None else meter.on_upstream_sent(perf_counter_ns(), tls=url.scheme == "https")
+    timing = conn_timing.CURRENT.set(marks)  # the connector stamps them (proxy/conn_timing.py)
     try:
         response = await state.session.request(
             request.method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
-            proxy=route.proxy, proxy_auth=route.proxy_auth, trace_request_ctx=marks,
+            proxy=route.proxy, proxy_auth=route.proxy_auth,
         )
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None
+    finally:
+        conn_timing.CURRENT.reset(timing)
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()
         status, code, message = proxy_refused(route, 407)

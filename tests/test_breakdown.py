@@ -90,6 +90,21 @@ async def test_every_request_on_a_new_connection_without_keep_alive(tmp_path: Pa
         assert_adds_up(row)
 
 
+async def test_a_name_is_looked_up_once_then_cached(tmp_path: Path) -> None:
+    """An upstream named `localhost`: the first new connection resolves it (dns_ms), the next new
+    ones find it in the connector's cache (0)."""
+    async with Simulator(SimConfig(**FAST, keep_alive=False)) as sim:
+        named = sim.url.replace("127.0.0.1", "localhost")
+        async with RunningProxy(proxy_config(named, tmp_path)) as p, aiohttp.ClientSession() as s:
+            for _ in range(3):
+                await stream(s, p.url, "openai_chat")
+            recorded = rows(p, SQL)
+    assert [r["connection_reused"] for r in recorded] == [False] * 3
+    assert recorded[0]["dns_ms"] > 0 and [r["dns_ms"] for r in recorded[1:]] == [0, 0]
+    for row in recorded:
+        assert_adds_up(row)
+
+
 @pytest.fixture
 def tls(tmp_path: Path) -> Iterator[tuple[ssl.SSLContext, Path]]:
     ca = trustme.CA()
