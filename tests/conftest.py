@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -60,3 +61,15 @@ def rows(p: RunningProxy, sql: str = "SELECT * FROM requests ORDER BY started_at
     assert p.flush(10)
     columns, _types, data = p.store.query(sql)
     return [dict(zip(columns, r)) for r in data]
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> Iterator[tuple[ssl.SSLContext, Path]]:
+    """A private CA's server context for 127.0.0.1 and localhost, and its CA file (trustme)."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    yield context, path

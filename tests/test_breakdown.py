@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -103,16 +102,6 @@ async def test_a_name_is_looked_up_once_then_cached(tmp_path: Path) -> None:
     assert recorded[0]["dns_ms"] > 0 and [r["dns_ms"] for r in recorded[1:]] == [0, 0]
     for row in recorded:
         assert_adds_up(row)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> Iterator[tuple[ssl.SSLContext, Path]]:
-    ca = trustme.CA()
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-    path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    yield context, path
 
 
 async def test_a_tls_upstream_whose_handshake_costs_150_ms(tmp_path: Path, tls: tuple[ssl.SSLContext, Path]) -> None:

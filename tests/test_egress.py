@@ -146,17 +146,6 @@ def test_print_config_hides_proxy_credentials(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def tls(tmp_path: Path) -> Iterator[tuple[ssl.SSLContext, Path]]:
-    """A private CA's server context for 127.0.0.1, and its CA file."""
-    ca = trustme.CA()
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-    path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    yield context, path
-
-
-@pytest.fixture
 async def tls_sim(tls: tuple[ssl.SSLContext, Path]) -> AsyncIterator[Simulator]:
     async with Simulator(FAST, ssl_context=tls[0]) as s:
         yield s
