@@ -104,7 +104,8 @@ def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs:
     request = BenchRequest(plan=plan, api_key=api_key, api_key_env=api_key_env, **options)
     progress = ProgressLine()
     try:
-        outcome = run_loop(lambda: _bench_until_interrupted(request, Budget(max_requests, max_seconds), progress))
+        budget = Budget(max_requests, max_seconds)
+        outcome = run_loop(lambda: _until_interrupted(budget, run_bench(request, budget, progress)))
     except (BenchUsageError, BenchError, StoreError) as exc:
         progress.clear()
         raise click.ClickException(str(exc)) from None
@@ -163,23 +164,6 @@ async def _until_interrupted(budget: Budget, work: Any) -> Any:
         loop.add_signal_handler(signal.SIGINT, interrupted)
     try:
         return await work
-    finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
-
-
-async def _bench_until_interrupted(request: BenchRequest, budget: Budget, progress: ProgressLine) -> BenchOutcome:
-    """The first Ctrl-C stops the run (and keeps what was measured); a second one aborts."""
-    loop = asyncio.get_running_loop()
-
-    def interrupted() -> None:
-        budget.stop.set()
-        loop.remove_signal_handler(signal.SIGINT)
-
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, interrupted)
-    try:
-        return await run_bench(request, budget, progress)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
