@@ -1,8 +1,8 @@
 """The admin endpoint under /_llmtap/: health, and SQL for `llmtap sql` while serving.
 
 DuckDB lets one process write a file, so while `llmtap serve` runs, the CLI
-asks the proxy to run its read-only query. It answers loopback peers only,
-and asks for the admin token whenever one is configured.
+asks the proxy to run its read-only query. It answers loopback peers only
+(unless --allow-remote), and always asks for the admin token (`allowed`).
 """
 
 from __future__ import annotations

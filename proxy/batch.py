@@ -5,7 +5,7 @@ put, and DuckDB parses a batch of them in one INSERT (`from_json_strict`, in C++
 Queued as text, a row's Python objects are freed at once, while the code that made
 them is still warm: side by side in a saturated `llmtap serve`, each request costs
 8 µs less than with the row kept as a dict until the writer converts it to Arrow
-(benchmarks/paired_cost.py --against; benchmarks/README.md "Fourth round"), though
+(benchmarks/paired_cost.py --against; benchmarks/HISTORY.md "Fourth round"), though
 on its own the JSON path takes more CPU per row (benchmarks/store_throughput.py).
 
 `chunks` and `bodies` rows are tuples in column order, built as Arrow arrays by

@@ -66,7 +66,7 @@ def next_id() -> str:
 
 
 class Meter:
-    """Marks named after the moments they record; see the README's column list."""
+    """Marks named after the moments they record; docs/columns.md defines the row's columns."""
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
@@ -339,7 +339,7 @@ class Meter:
         out, source = u.output_tokens, "usage" if u.seen() else None
         if out is None and self.chars:
             out, source = math.ceil(self.chars / 4), "estimated"
-        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; the README defines each)
+        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
             "id": self.id,
             "started_at": self.started_at,
             "route": self.route,

@@ -5,7 +5,7 @@ proxy; `CHUNK_COLUMNS` is the `chunks` table, one row per output event of a
 stream; `BODY_COLUMNS` is the `bodies` table (filled with `--capture-bodies` only).
 Durations are milliseconds from the request's arrival at the proxy
 (monotonic clock); `started_at` is the only wall-clock value (UTC).
-The README's "Columns" section defines each one; keep the two in step.
+docs/columns.md defines each one; tests/test_docs.py keeps the two in step.
 """
 
 from __future__ import annotations
