@@ -56,8 +56,8 @@ async def test_current_names_after_real_requests(proxy: RunningProxy) -> None:
 
     # the limits each key was told
     gauges = {(n, dict(labels).get("window")): v for (n, labels), v in found.items() if n.startswith("llmtap_ratelimit_")}
-    assert gauges[("llmtap_ratelimit_limit_requests", None)] == 4000
-    assert gauges[("llmtap_ratelimit_remaining_requests", None)] == 3999
+    assert gauges[("llmtap_ratelimit_limit_requests", None)] == 30_000
+    assert gauges[("llmtap_ratelimit_remaining_requests", None)] == 29_999
     assert 0 < gauges[("llmtap_ratelimit_window_utilization", "5h")] < 1
     keys = {dict(labels)["key_fingerprint"] for (n, labels) in found if n.startswith("llmtap_ratelimit_")}
     assert len(keys) == 2 and all(k.startswith("k:") for k in keys)

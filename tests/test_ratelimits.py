@@ -100,7 +100,7 @@ async def test_openai_s_headers_and_a_subscription_s_windows(sim: Simulator, pro
     statuses = [(await post(proxy, "/v1/messages", MESSAGES, CLAUDE_LOGIN)).status for _ in range(8)]
     assert statuses[0] == 200 and statuses[-1] == 429
     chat, *claude = rows(proxy)
-    assert chat["ratelimit_requests_limit"] == 4000 and chat["ratelimit_requests_remaining"] == 3999
+    assert chat["ratelimit_requests_limit"] == 30_000 and chat["ratelimit_requests_remaining"] == 29_999
     assert chat["ratelimit_tokens_remaining"] < chat["ratelimit_tokens_limit"]
     assert chat["ratelimit_5h_utilization"] is None and chat["credential_kind"] == "api_key"
     used = [r["ratelimit_5h_utilization"] for r in claude]

@@ -47,9 +47,10 @@ class SimConfig:
     keep_alive: bool = True
     # Account limits (quota.py), per credential: an API key's budget per window, a Claude login's per
     # 5 hours and 7 days; every response states what is left, and a request over budget gets a 429.
-    ratelimit_requests: int = 4000
-    ratelimit_input_tokens: int = 2_000_000
-    ratelimit_output_tokens: int = 400_000
+    # The defaults are a high tier's (no test or benchmark at loopback speed reaches them in a minute).
+    ratelimit_requests: int = 30_000
+    ratelimit_input_tokens: int = 30_000_000
+    ratelimit_output_tokens: int = 6_000_000
     ratelimit_window_s: float = 60.0
     subscription_5h_tokens: int = 20_000_000
     subscription_7d_tokens: int = 200_000_000
