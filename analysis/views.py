@@ -170,6 +170,7 @@ def create_views(con: Any) -> None:
 _MODELS: dict[str, tuple[float, Any, set[tuple[str, str]], int]] = {}  # path -> (looked, newest, pairs, prices)
 _LOOK_EVERY_S = 5.0
 _LATE = "INTERVAL 1 HOUR"
+MAX_PRICED = 5_000  # (model, host) pairs priced per database, the busiest first: a client inventing names is capped
 
 
 def priced_models(con: Any, catalog: str) -> list[tuple[str, str]]:
@@ -178,17 +179,21 @@ def priced_models(con: Any, catalog: str) -> list[tuple[str, str]]:
     select = (f"SELECT {MODEL_SQL} AS m, {HOST_SQL} AS h, max(started_at) FROM {table}"
               f" WHERE {MODEL_SQL} IS NOT NULL")
     (path,) = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = ?", [catalog]).fetchone()
+    busiest = f" GROUP BY ALL ORDER BY count(*) DESC LIMIT {MAX_PRICED}"
     if not path:  # an in-memory catalog (--from): no file to remember it by
-        return [(m, h) for m, h, _ in con.execute(select + " GROUP BY ALL").fetchall()]
+        return [(m, h) for m, h, _ in con.execute(select + busiest).fetchall()]
     now, known = time.monotonic(), _MODELS.get(path)
     if known is not None and now - known[0] < _LOOK_EVERY_S and known[3] == prices_generation():
         return sorted(known[2])
     if known is None or known[1] is None:
-        rows, pairs = con.execute(select + " GROUP BY ALL").fetchall(), set()
+        rows, pairs = con.execute(select + busiest).fetchall(), set()
     else:
-        rows = con.execute(select + f" AND started_at >= ? - {_LATE} GROUP BY ALL", [known[1]]).fetchall()
+        rows = con.execute(select + f" AND started_at >= ? - {_LATE}" + busiest, [known[1]]).fetchall()
         pairs = set(known[2])
     newest = max([r[2] for r in rows if r[2] is not None] + ([known[1]] if known and known[1] else []), default=None)
-    pairs |= {(m, h) for m, h, _ in rows}
+    for m, h, _ in rows:
+        if len(pairs) >= MAX_PRICED:
+            break
+        pairs.add((m, h))
     _MODELS[path] = (now, newest, pairs, prices_generation())
     return sorted(pairs)

@@ -307,6 +307,8 @@ def _by_model(found: Mapping[tuple[str, str], Priced | None], value: Any, otherw
         models.setdefault(model, {})[host] = priced
     whens = []
     for model, hosts in models.items():
+        if all(priced is None for priced in hosts.values()):
+            continue  # unknown wherever it went: the ELSE branch (the CASE grows with known models only)
         texts = {host: value(priced) if priced is not None else otherwise for host, priced in hosts.items()}
         if len(set(texts.values())) == 1:
             whens.append(f"WHEN {_quote(model)} THEN {next(iter(texts.values()))}")
