@@ -65,6 +65,12 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
               help="Hold each new connection this long (in the TLS handshake for https): a fresh connection's cost.")
 @click.option("--no-keep-alive", "keep_alive", flag_value=False, default=True,
               help="Close each connection after its response: every request opens a new one.")
+@click.option("--ratelimit-requests", type=click.IntRange(min=1), default=DEFAULTS.ratelimit_requests, show_default=True,
+              help="Requests per API key per --ratelimit-window-s, stated in each response's limit headers; a 429 past it.")
+@click.option("--ratelimit-window-s", type=click.FloatRange(min=0, min_open=True), default=DEFAULTS.ratelimit_window_s,
+              show_default=True, help="The API keys' rate-limit window, in seconds.")
+@click.option("--subscription-5h-tokens", type=click.IntRange(min=1), default=DEFAULTS.subscription_5h_tokens,
+              show_default=True, help="Tokens a Claude login may use per 5 hours (the unified headers' utilization).")
 def mock_upstream(host: str, port: int, **fields: Any) -> None:
     """Run a simulated OpenAI / Anthropic / Gemini upstream until Ctrl-C."""
     try:
