@@ -49,7 +49,7 @@ def find(source: Source, prefix: str) -> Shown:
     prefix = prefix.strip().lower()
     if not prefix or not set(prefix) <= _ID_CHARS:
         raise ShowError(f"{prefix!r} is not a request id: ids are hex digits (see `llmtap report`)")
-    derived = ", ".join(DERIVED_COLUMNS)
+    derived = ", ".join(c for c in DERIVED_COLUMNS if c not in ("cost_usd", "price_source", "billing"))  # its price shown
     columns, _, rows = source.query(
         f"SELECT * EXCLUDE ({derived}) FROM requests WHERE starts_with(lower(id), {sql_string(prefix)})"
         f" ORDER BY started_at, id LIMIT {MAX_MATCHES + 1}"
