@@ -41,6 +41,7 @@ over streamed rows); failures show up in `error_pct` instead.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -182,6 +183,10 @@ def priced_models(con: Any, catalog: str) -> list[tuple[str, str]]:
     busiest = f" GROUP BY ALL ORDER BY count(*) DESC LIMIT {MAX_PRICED}"
     if not path:  # an in-memory catalog (--from): no file to remember it by
         return [(m, h) for m, h, _ in con.execute(select + busiest).fetchall()]
+    try:  # a file made anew at the same path (a test's, a demo's) is another database
+        path = f"{path}#{os.stat(path).st_ino}"
+    except OSError:
+        pass
     now, known = time.monotonic(), _MODELS.get(path)
     if known is not None and now - known[0] < _LOOK_EVERY_S and known[3] == prices_generation():
         return sorted(known[2])
