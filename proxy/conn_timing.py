@@ -1,6 +1,6 @@
 """Where a request's wait for its upstream connection goes, from the connector's own hooks.
 
-The relay puts the request's `ConnectionMarks` (the meter's, proxy/meter.py) in `CURRENT` around
+The relay puts the request's `ConnectionMarks` (the meter's, proxy/connection_marks.py) in `CURRENT` around
 `session.request`; the upstream session's connector stamps them, with the monotonic clock, at the
 moments they mark:
 
@@ -36,7 +36,7 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
-from .meter import ConnectionMarks
+from .connection_marks import ConnectionMarks
 
 # The marks of the request whose connection the current task is getting (set by the relay).
 CURRENT: ContextVar[ConnectionMarks | None] = ContextVar("llmtap_connection", default=None)

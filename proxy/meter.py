@@ -32,16 +32,17 @@ from typing import Any
 from multidict import CIMultiDictProxy
 
 from .clients import tool_from_headers
+from .connection_marks import ConnectionMarks
 from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
 from . import ratelimits
 from .fingerprint import credential_kind, key_fingerprint, secret_fingerprint
+from .gaps import GapHistogram, gaps_ms
 from .redact import redact, request_secrets
 from .request_info import parse_request
 from .schema import ERROR_MESSAGE_MAX, Outcome
 from .sse import SSEParser
-from .stats import quantile
 
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
 # One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
@@ -99,7 +100,7 @@ class Meter:
         self.request_bytes: int | None = None
         self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
         self.upstream_sent: int | None = None
-        self.connection: ConnectionMarks | None = None  # stamped by the upstream session's trace signals
+        self.connection: ConnectionMarks | None = None  # stamped by the upstream connector's hooks (conn_timing.py)
         self.upstream_headers: int | None = None
         self.first_byte: int | None = None
         self.status: int | None = None
@@ -117,7 +118,7 @@ class Meter:
         self.sizes: list[int] = []
         self.kinds: list[str] = []
         self._over = 0  # output events past MAX_EVENTS_KEPT, folded into the next two
-        self._gaps: _GapHistogram | None = None  # every gap between output events, once over the cap
+        self._gaps: GapHistogram | None = None  # every gap between output events, once over the cap
         self._last_event: tuple[int, int, str] | None = None  # the last event past the cap: time, size, kind
         self.first_text: int | None = None
         self.chars = 0
@@ -283,12 +284,12 @@ class Meter:
     def _fold(self) -> None:
         """Over MAX_EVENTS_KEPT output events: the first MAX_EVENTS_KEPT stay one by one (their chunk
         rows), the ones after become running figures: how many, the last one (its time, size and kind,
-        for its chunk row) and every gap in a histogram (`_GapHistogram`: exact maximum, p50 and p99
+        for its chunk row) and every gap in a histogram (`GapHistogram`: exact maximum, p50 and p99
         within 3%). Called after a batch of reads, so the lists overshoot the cap by one batch at most."""
         times, cap = self.times, MAX_EVENTS_KEPT
         gaps = self._gaps
         if gaps is None:  # the first time: the kept events' gaps go in too, the figures cover them all
-            gaps = self._gaps = _GapHistogram()
+            gaps = self._gaps = GapHistogram()
             gaps.add(times[0], times[1:cap])
             prev = times[cap - 1]
         else:
@@ -332,7 +333,7 @@ class Meter:
             parse_error = f"{parse_error}; {capped}" if parse_error else capped
         else:
             last = (times[-1] - r) / 1e6 if times else None
-            gap_p50, gap_p99, gap_max = _gaps_ms(times)
+            gap_p50, gap_p99, gap_max = gaps_ms(times)
         conn = self.connection
         pool_wait, dns, connect, tls, upstream_wait = (None,) * 5 if conn is None else conn.parts(sent, headers)
         u = d.usage
@@ -446,132 +447,3 @@ class Meter:
             return
         if body:
             self.dialect.on_body(body)
-
-
-class ConnectionMarks:
-    """Where the wait between `upstream_sent` and the upstream's headers went: the moments of one
-    request's upstream connection (perf_counter_ns), stamped by the upstream connector's hooks
-    (proxy/conn_timing.py says which hook marks which). `parts` makes them the breakdown columns;
-    docs/breakdown-and-compare.md defines each."""
-
-    __slots__ = ("tls", "start", "dns_start", "dns_end", "sock", "tcp_end", "ready", "reused")
-
-    def __init__(self, tls: bool) -> None:
-        self.tls = tls  # an https upstream: a new connection has a TLS handshake
-        self.begin(None)
-        self.reused: bool | None = None
-
-    def begin(self, t_ns: int | None) -> None:
-        """The connector was asked for a connection (again, on a retry: the marks start over)."""
-        self.start = t_ns
-        self.dns_start: int | None = None  # a DNS lookup (never for an IP or a cached name)
-        self.dns_end: int | None = None
-        self.sock: int | None = None  # a TCP connect began
-        self.tcp_end: int | None = None  # TCP connected (through a forward proxy: its tunnel too)
-        self.ready: int | None = None  # a connection to send on: a pooled one taken, or a new one up
-
-    @classmethod
-    def open_already(cls, t_ns: int) -> ConnectionMarks:
-        """A response on a connection opened before the request arrived (a WebSocket turn)."""
-        marks = cls(False)
-        marks.start = marks.ready = t_ns
-        marks.reused = True
-        return marks
-
-    def parts(self, sent: int | None, headers: int | None) -> tuple[float | None, ...]:
-        """(pool_wait, dns, connect, tls, upstream_wait) in ms: consecutive intervals from `sent`
-        to `headers`, so they add up to `headers - sent` exactly. A reused connection spends 0 on
-        DNS, TCP and TLS; a plain-http one 0 on TLS. None where a moment never came (a connection
-        that failed, a request that never got headers), or for TLS when the connector could not
-        be hooked (proxy/conn_timing.py: the handshake is then inside `connect`)."""
-        ready, start = self.ready, self.start
-        if self.reused:
-            return _ms(ready, sent), 0.0, 0.0, 0.0, _ms(headers, ready)
-        if start is None:  # no connection was asked for (the request failed before)
-            return None, None, None, None, None
-        # opening the new connection began with the DNS lookup, else with the TCP connect
-        opening = next((t for t in (self.dns_start, self.sock) if t is not None and t >= start), start)
-        dns_end = self.dns_end if self.dns_start is not None and self.dns_end is not None else opening
-        dns_end = max(dns_end, opening)
-        tcp = self.tcp_end if self.tcp_end is not None and self.tcp_end >= dns_end else None
-        if ready is None:  # the connection failed: as far as it got
-            return _ms(opening, sent), _ms(dns_end, opening), _ms(tcp, dns_end), None, None
-        if not self.tls:
-            connect, tls = _ms(ready, dns_end), 0.0
-        elif tcp is None or tcp > ready:
-            connect, tls = _ms(ready, dns_end), None
-        else:
-            connect, tls = _ms(tcp, dns_end), _ms(ready, tcp)
-        return _ms(opening, sent), _ms(dns_end, opening), connect, tls, _ms(headers, ready)
-
-
-def _ms(end: int | None, begin: int | None) -> float | None:
-    return None if end is None or begin is None else (end - begin) / 1e6
-
-
-def _gaps_ms(times: list[int]) -> tuple[float | None, float | None, float | None]:
-    """p50, p99 and max of the gaps between output events, in ms."""
-    if len(times) < 2:
-        return None, None, None
-    gaps = sorted(b - a for a, b in zip(times, times[1:]))
-    return _gap_ms(gaps, 0.5), _gap_ms(gaps, 0.99), gaps[-1] / 1e6
-
-
-def _gap_ms(sorted_ns: list[int], q: float) -> float | None:
-    value = quantile(sorted_ns, q)
-    return None if value is None else value / 1e6
-
-
-class _GapHistogram:
-    """The gaps between a long stream's output events (past MAX_EVENTS_KEPT) in constant memory:
-    a count per bucket, 16 buckets per power of two of nanoseconds (a gap's top five bits, as HDR
-    histograms do; under 32 ns exact). A bucket's middle is within 1/32 of any gap in it, so p50
-    and p99 are within about 3% of the exact figures (interpolated between ranks as `quantile`
-    does); the maximum is exact."""
-
-    __slots__ = ("counts", "n", "top")
-
-    def __init__(self) -> None:
-        self.counts = [0] * 1024  # 8 KiB: up to gaps of 2**64 ns
-        self.n = 0
-        self.top = 0
-
-    def add(self, prev: int, times: list[int]) -> None:
-        """The gaps from `prev` to times[0], and between the times that follow."""
-        counts, top = self.counts, self.top
-        for t in times:
-            gap = t - prev if t > prev else 0
-            prev = t
-            if gap > top:
-                top = gap
-            if gap < 32:
-                counts[gap] += 1
-            else:
-                shift = gap.bit_length() - 5
-                counts[min((shift << 4) + (gap >> shift), 1023)] += 1
-        self.n += len(times)
-        self.top = top
-
-    def quantiles_ms(self) -> tuple[float | None, float | None, float | None]:
-        """p50, p99 and max, in ms (as `_gaps_ms`)."""
-        if not self.n:
-            return None, None, None
-        return self._quantile(0.5) / 1e6, self._quantile(0.99) / 1e6, self.top / 1e6
-
-    def _quantile(self, q: float) -> float:
-        pos = (self.n - 1) * q
-        lo = int(pos)
-        a, b = self._at(lo), self._at(min(lo + 1, self.n - 1))
-        return a + (b - a) * (pos - lo)
-
-    def _at(self, rank: int) -> float:
-        """The middle of the bucket holding the gap of this rank (0: the smallest)."""
-        seen = 0
-        for i, count in enumerate(self.counts):
-            seen += count
-            if seen > rank:
-                if i < 32:
-                    return float(i)
-                shift = (i >> 4) - 1
-                return float((((i & 15) + 16) << shift) + (1 << shift) / 2)
-        return float(self.top)
