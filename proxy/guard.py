@@ -21,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -37,10 +37,14 @@ def _machine_names() -> set[str]:
     return names
 
 
+HOSTS_REMEMBERED = 256  # Host values whose verdict is kept: a client sends the same one every time
+
+
 @dataclass(frozen=True)
 class Guard:
     origins: frozenset[str]  # allowed Origin values, lower case, no trailing slash ("*": any)
     hosts: frozenset[str] | None  # names accepted in Host; None: any (--allow-remote)
+    _verdicts: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, allow_origins: Iterable[str], allow_hosts: Iterable[str], remote: bool) -> "Guard":
@@ -68,7 +72,17 @@ class Guard:
         return "*" in self.origins or origin.rstrip("/").lower() in self.origins
 
     def host_allowed(self, host: str | None) -> bool:
-        name = _host_name(host or "")
+        """Whether `host` names this machine (remembered per Host value: parsing it costs a few µs)."""
+        host = host or ""
+        verdict = self._verdicts.get(host)
+        if verdict is None:
+            verdict = self._host_allowed(host)
+            if len(self._verdicts) < HOSTS_REMEMBERED:
+                self._verdicts[host] = verdict
+        return verdict
+
+    def _host_allowed(self, host: str) -> bool:
+        name = _host_name(host)
         if name in self.hosts or "." not in name or name.endswith(".localhost"):  # type: ignore[operator]
             return True
         try:
