@@ -272,9 +272,3 @@ def find_client(url: str | None = None, token: str | None = None) -> AdminClient
     if not found:
         return None
     return AdminClient(found[0].url, token or found[0].admin_token)
-
-
-def default_proxy_url() -> str:
-    """The running proxy's URL, else llmtap's default address."""
-    live = find_running()
-    return live.url if live else DEFAULT_URL

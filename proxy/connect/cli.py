@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from ..cli_options import config_option, db_option
-from .endpoint import DEFAULT_URL, LiveProxy, base_urls, find_running, strip_v1
+from ..running import DEFAULT_URL, LiveProxy, find_running
+from .endpoint import base_urls, strip_v1
 from .setup import CODEX_LOGINS, TOOLS
 
 

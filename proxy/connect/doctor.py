@@ -16,7 +16,7 @@ from .. import egress
 from ..routes import normal_prefix
 from . import env_checks, local_checks, upstream_checks
 from .check import Check, fail, warn
-from .endpoint import LiveProxy, find_running
+from ..running import LiveProxy, find_running
 
 
 @dataclass(frozen=True)

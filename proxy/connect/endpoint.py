@@ -1,4 +1,4 @@
-"""The running proxy, and the base URL each kind of client needs from it.
+"""The base URL each kind of client needs from the running proxy (proxy/running.py finds it).
 
 Anthropic-style clients (Claude Code, the Anthropic SDKs) append `/v1/messages`
 themselves, so their base URL has no `/v1`; OpenAI-style clients (the OpenAI
@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass
-
-from ..running import DEFAULT_URL, LiveProxy, connect_host, default_proxy_url, find_running
-
-__all__ = ["DEFAULT_URL", "LiveProxy", "connect_host", "default_proxy_url", "find_running", "BaseUrls",
-           "base_urls", "strip_v1"]
 
 TAG_PREFIX = "/_tag/"
 

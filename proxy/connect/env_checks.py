@@ -15,7 +15,7 @@ from pathlib import Path
 from ..fingerprint import key_fingerprint
 from . import reach
 from .check import Check, fail, ok, warn
-from .endpoint import LiveProxy
+from ..running import LiveProxy
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 # variable -> (expected prefixes, what carries that prefix); None: any shape is fine

@@ -12,7 +12,7 @@ import duckdb
 from ..config import ServeConfig
 from .check import Check, fail, ok, warn
 from .. import running
-from .endpoint import LiveProxy
+from ..running import LiveProxy
 from proxy import duck
 
 

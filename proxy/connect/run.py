@@ -31,7 +31,8 @@ from typing import Any, Callable
 from .. import config as cfg
 from . import summary
 from .background import BackgroundProxy
-from .endpoint import BaseUrls, LiveProxy, base_urls, find_running
+from ..running import LiveProxy, find_running
+from .endpoint import BaseUrls, base_urls
 from .setup import Locations, codex_login
 from .toml_edit import toml_string
 
