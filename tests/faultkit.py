@@ -121,11 +121,14 @@ class RawUpstream:
         self.open += 1
         try:
             await self.handler(RawConn(reader, writer, self))
+            if not writer.is_closing():  # what the handler wrote reaches the peer before the close
+                writer.close()
+                await writer.wait_closed()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             self.open -= 1
-            writer.transport.abort()
+            writer.transport.abort()  # a handler that breaks off: cut, unflushed
 
     async def __aenter__(self) -> "RawUpstream":
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
