@@ -197,7 +197,7 @@ def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, meas
 # Every serve the benchmarks start takes its admin token from the environment (an older source tree
 # given to --against too); nginx ignores the header.
 ADMIN_TOKEN = "llmtap-benchmark-admin-token"
-ADMIN_HEADERS = {"X-Llmtap-Admin-Token": ADMIN_TOKEN}
+ADMIN_HEADERS = {running.TOKEN_HEADER: ADMIN_TOKEN}
 
 
 def nginx_binary() -> str | None:

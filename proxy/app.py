@@ -18,12 +18,11 @@ from .errors import error_response
 from .forward import TAG_KEY, relay, split_raw_path, start_meter
 from .relay_state import STATE, ProxyState
 from .routes import Route
+from .running import ADMIN_PREFIX, TAG_PREFIX
 from .schema import Outcome
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RECEIVED = web.RequestKey("llmtap_received", int)  # the request's first byte, perf_counter_ns
-ADMIN_PREFIX = "/_llmtap/"
-TAG_PREFIX = "/_tag/"
 # Generous header limits: Codex sends a JSON document in a header.
 HTTP_LIMITS = {"max_line_size": 65536, "max_field_size": 65536}
 

@@ -154,6 +154,9 @@ class LabeledHistogram:
 class LabeledCounter:
     """A counter per label set, as lock-free as LabeledHistogram."""
 
+    FRESH = (0.0,)  # a new label set's series
+    SHOWN = 0  # the series item that, when non-zero, shows it
+
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
         self.series: dict[tuple[str, ...], list[float]] = {}  # labels -> [count]
@@ -162,13 +165,14 @@ class LabeledCounter:
         """One label set's count, in a list the caller increments."""
         series = self.series.get(labels)
         if series is None:
-            series = self.series[labels] = [0.0]
+            series = self.series[labels] = list(self.FRESH)
         return series
 
     def collect(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        shown = self.SHOWN
         for labels, value in list(self.series.items()):
-            if value[0]:
+            if value[shown]:
                 family.add_metric(list(labels), value[0])
         return family
 
@@ -177,18 +181,8 @@ class TouchedCounter(LabeledCounter):
     """A counter per label set that shows once observed, even at 0 (a generation with no cached tokens
     still has its cache counter, as the conventions ask): `get` gives [value, observed]."""
 
-    def get(self, labels: tuple[str, ...]) -> list[float]:
-        series = self.series.get(labels)
-        if series is None:
-            series = self.series[labels] = [0.0, 0.0]
-        return series
-
-    def collect(self) -> Metric:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, value in list(self.series.items()):
-            if value[1]:
-                family.add_metric(list(labels), value[0])
-        return family
+    FRESH = (0.0, 0.0)
+    SHOWN = 1
 
 
 class _Series(NamedTuple):

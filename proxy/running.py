@@ -25,6 +25,7 @@ from . import paths
 
 TOKEN_HEADER = "X-Llmtap-Admin-Token"
 ADMIN_PREFIX = "/_llmtap/"
+TAG_PREFIX = "/_tag/"  # a base URL /_tag/<tag>/... tags the rows of a tool that sends no custom header
 DEFAULT_URL = "http://127.0.0.1:8787"
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 # The proxy listens on this machine: never send admin requests through HTTP(S)_PROXY.
@@ -68,7 +69,7 @@ class State:
         return f"http://{connect_host(self.host)}:{self.port}"
 
     def holds(self, db: str | Path) -> bool:
-        return self.db is not None and _same_file(self.db, db)
+        return self.db is not None and same_file(self.db, db)
 
 
 def write_state(*, host: str, port: int, db: str | None, admin_token: str) -> Path:
@@ -148,7 +149,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _same_file(a: str | Path, b: str | Path) -> bool:
+def same_file(a: str | Path, b: str | Path) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 

@@ -19,8 +19,6 @@ from proxy.live import FINISHED_FIELDS
 from proxy.running import AdminClient
 from proxy.sse import SSEParser
 
-LIVE_PATH = "/_llmtap/live"
-SQL_PATH = "/_llmtap/sql"
 SILENCE_S = 5.0  # the proxy ticks every 250 ms: this much silence means it is gone
 BACKFILL_LIMIT = 50_000
 
@@ -44,7 +42,7 @@ def find_proxy(url: str | None, token: str | None = None) -> Proxy:
 async def ticks(session: aiohttp.ClientSession, proxy: Proxy) -> AsyncIterator[dict[str, Any]]:
     """The feed's ticks until the proxy closes it (FeedError if it refuses)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=SILENCE_S)
-    async with session.get(proxy.url + LIVE_PATH, headers=proxy.headers(), timeout=timeout) as resp:
+    async with session.get(proxy.endpoint("live"), headers=proxy.headers(), timeout=timeout) as resp:
         if resp.status != 200:
             raise FeedError(f"{proxy.url} refused the live feed: HTTP {resp.status} {await _error(resp)}")
         parser = SSEParser()
@@ -71,7 +69,7 @@ def backfill_sql(window_s: float) -> str:
 async def backfill(session: aiohttp.ClientSession, proxy: Proxy, window_s: float) -> list[dict[str, Any]]:
     """The window's finished rows from the proxy's database; none when it records nothing."""
     try:
-        async with session.post(proxy.url + SQL_PATH, json={"sql": backfill_sql(window_s)},
+        async with session.post(proxy.endpoint("sql"), json={"sql": backfill_sql(window_s)},
                                 headers=proxy.headers(), timeout=aiohttp.ClientTimeout(total=15)) as resp:
             if resp.status != 200:
                 return []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-TAG_PREFIX = "/_tag/"
+from ..running import TAG_PREFIX
 
 
 @dataclass(frozen=True)
