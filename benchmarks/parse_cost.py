@@ -1,30 +1,47 @@
-"""Microseconds per event that measuring adds, per dialect.
+"""Microseconds per event that measuring adds, per dialect, and per chunk for a whole Meter.
 
-Builds a realistic stream for each API (a few hundred short text deltas with
-the fields real servers send, then usage and the terminal event), then times:
+Builds a realistic stream for each API and times it in-process:
   sse      SSEParser.feed, one read per event as a streaming server sends them
   dialect  Dialect.on_event on the already split events
   both     the two together, as the meter runs them
+  meter    Meter.on_chunk for every read, then Meter.finish (the row and its chunk rows), per read,
+           on a stream of --chunks reads (one event each); `finish` alone is given apart
 
-Run: python benchmarks/parse_cost.py [--events N]
+The streams are the shapes real servers send (docs: ../shared/reference/llm-wire-formats.md):
+- openai_chat: a role chunk, text deltas with `obfuscation` padding of varying length, one with a
+  line end in its text now and then, the finishing chunk, the usage chunk with `choices: []`, `[DONE]`;
+- anthropic (Claude Code's shape): message_start with usage, a thinking block (thinking_delta,
+  signature_delta), ping, a text block, a tool_use block whose input_json_delta pieces are full of
+  escaped quotes, content_block_stop after each, message_delta with usage, message_stop;
+- openai_responses: response.created, in_progress, output_item.added, reasoning summary deltas,
+  output_text deltas with sequence numbers and obfuscation, the .done events, response.completed
+  with usage;
+- gemini: whole GenerateContentResponse chunks, each with its usageMetadata.
+
+Run: python benchmarks/parse_cost.py [--events N] [--chunks N] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from collections.abc import Callable
 
 import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.dialects.anthropic import Anthropic
 from proxy.dialects.base import Dialect
 from proxy.dialects.gemini import Gemini
 from proxy.dialects.openai_chat import OpenAIChat
 from proxy.dialects.openai_responses import OpenAIResponses
+from proxy.meter import Meter
 from proxy.sse import SSEParser
 
-WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".", "\n"]
+WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".\n\n", " naïve", " café", "\n-"]
+JSON_ARGS = ['{"', 'file_path', '": "/src/', 'app.py", "', 'old_string": "', 'def main():\\n', '    return 0', '"}']
+OBFUSCATION = "aB3xYz9QwErTy"
 
 
 def event(data: object, name: str | None = None) -> bytes:
@@ -33,13 +50,15 @@ def event(data: object, name: str | None = None) -> bytes:
 
 
 def chat_stream(n: int) -> list[bytes]:
+    rng = random.Random(1)
     base = {"id": "chatcmpl-AbC123", "object": "chat.completion.chunk", "created": 1764500000,
             "model": "gpt-4.1-2025-04-14", "service_tier": "default", "system_fingerprint": "fp_51e1070cf2"}
     out = [event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None},
                                        "logprobs": None, "finish_reason": None}], "usage": None, "obfuscation": "Xy"})]
     for i in range(n):
-        out.append(event({**base, "choices": [{"index": 0, "delta": {"content": WORDS[i % 10]}, "logprobs": None,
-                                               "finish_reason": None}], "usage": None, "obfuscation": "k2J9"}))
+        out.append(event({**base, "choices": [{"index": 0, "delta": {"content": WORDS[i % len(WORDS)]},
+                                               "logprobs": None, "finish_reason": None}], "usage": None,
+                          "obfuscation": OBFUSCATION[:rng.randrange(1, 13)]}))
     out.append(event({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
                       "usage": None}))
     out.append(event({**base, "choices": [], "usage": {
@@ -52,51 +71,89 @@ def chat_stream(n: int) -> list[bytes]:
 
 
 def anthropic_stream(n: int) -> list[bytes]:
+    """Claude Code's shape: a fifth thinking, half text, the rest a tool call's arguments."""
+    def block(index: int, kind: str, key: str, pieces: list[str], count: int, start: dict) -> list[bytes]:
+        b = [event({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start")]
+        for i in range(count):
+            b.append(event({"type": "content_block_delta", "index": index,
+                            "delta": {"type": kind, key: pieces[i % len(pieces)]}}, "content_block_delta"))
+        if kind == "thinking_delta":
+            b.append(event({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "signature_delta", "signature": "EqQBCkYIBRgCKkC" * 8}},
+                           "content_block_delta"))
+        b.append(event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        return b
+
+    thinking, text = n // 5, n // 2
+    tool = n - thinking - text
     out = [
         event({"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant",
                "model": "claude-sonnet-4-5", "content": [], "stop_reason": None, "stop_sequence": None,
                "usage": {"input_tokens": 12, "cache_creation_input_tokens": 500,
                          "cache_read_input_tokens": 40000, "output_tokens": 1, "service_tier": "standard"}}},
               "message_start"),
-        event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-              "content_block_start"),
         event({"type": "ping"}, "ping"),
     ]
-    for i in range(n):
-        out.append(event({"type": "content_block_delta", "index": 0,
-                          "delta": {"type": "text_delta", "text": WORDS[i % 10]}}, "content_block_delta"))
-    out.append(event({"type": "content_block_stop", "index": 0}, "content_block_stop"))
-    out.append(event({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+    out += block(0, "thinking_delta", "thinking", WORDS, thinking, {"type": "thinking", "thinking": "", "signature": ""})
+    out += block(1, "text_delta", "text", WORDS, text, {"type": "text", "text": ""})
+    out += block(2, "input_json_delta", "partial_json", JSON_ARGS, tool,
+                 {"type": "tool_use", "id": "toolu_01", "name": "Edit", "input": {}})
+    out.append(event({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                       "usage": {"output_tokens": n}}, "message_delta"))
     out.append(event({"type": "message_stop"}, "message_stop"))
     return out
 
 
 def responses_stream(n: int) -> list[bytes]:
+    rng = random.Random(2)
+    seq = iter(range(10 ** 6))
+
+    def ev(kind: str, **fields: object) -> bytes:
+        return event({"type": kind, "sequence_number": next(seq), **fields}, kind)
+
     response = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "gpt-5", "usage": None}
-    out = [event({"type": "response.created", "sequence_number": 0, "response": response}, "response.created")]
-    for i in range(n):
-        out.append(event({"type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_1",
-                          "output_index": 1, "content_index": 0, "delta": WORDS[i % 10], "logprobs": [],
-                          "obfuscation": "aBc"}, "response.output_text.delta"))
+    out = [ev("response.created", response=response), ev("response.in_progress", response=response),
+           ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []})]
+    reasoning = n // 5
+    for i in range(reasoning):
+        out.append(ev("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0,
+                      delta=WORDS[i % len(WORDS)], obfuscation=OBFUSCATION[:rng.randrange(1, 13)]))
+    out.append(ev("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning"}))
+    out.append(ev("response.output_item.added", output_index=1, item={"id": "msg_1", "type": "message"}))
+    for i in range(n - reasoning):
+        out.append(ev("response.output_text.delta", item_id="msg_1", output_index=1, content_index=0,
+                      delta=WORDS[i % len(WORDS)], logprobs=[], obfuscation=OBFUSCATION[:rng.randrange(1, 13)]))
+    out.append(ev("response.output_text.done", item_id="msg_1", output_index=1, content_index=0, text="…", logprobs=[]))
     done = {**response, "status": "completed", "usage": {
         "input_tokens": 9000, "input_tokens_details": {"cached_tokens": 8192}, "output_tokens": n,
-        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 9000 + n}}
-    out.append(event({"type": "response.completed", "sequence_number": n + 1, "response": done}, "response.completed"))
+        "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": 9000 + n}}
+    out.append(ev("response.completed", response=done))
     return out
 
 
 def gemini_stream(n: int) -> list[bytes]:
     out = []
     for i in range(n):
-        chunk = {"candidates": [{"content": {"parts": [{"text": WORDS[i % 10]}], "role": "model"}, "index": 0}],
+        chunk = {"candidates": [{"content": {"parts": [{"text": WORDS[i % len(WORDS)]}], "role": "model"}, "index": 0}],
                  "usageMetadata": {"promptTokenCount": 50, "totalTokenCount": 50},
                  "modelVersion": "gemini-2.5-flash", "responseId": "abc"}
         out.append(event(chunk))
     return out
 
 
-def best_of(repeats: int, run: Callable[[], None]) -> float:
+STREAMS: list[tuple[type[Dialect], Callable[[int], list[bytes]], str]] = [
+    (OpenAIChat, chat_stream, "/v1/chat/completions"),
+    (Anthropic, anthropic_stream, "/v1/messages"),
+    (OpenAIResponses, responses_stream, "/v1/responses"),
+    (Gemini, gemini_stream, "/v1beta/models/gemini-2.5-flash:streamGenerateContent"),
+]
+HEADERS = CIMultiDictProxy(CIMultiDict({"content-type": "application/json", "authorization": "Bearer sk-test-123",
+                                        "user-agent": "claude-cli/2.1.197 (external, cli)"}))
+UPSTREAM = CIMultiDictProxy(CIMultiDict({"content-type": "text/event-stream; charset=utf-8"}))
+REQUEST = orjson.dumps({"model": "m", "stream": True, "max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def best_of(repeats: int, run: Callable[[], object]) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter_ns()
@@ -128,19 +185,50 @@ def measure(cls: type[Dialect], reads: list[bytes], repeats: int) -> tuple[int, 
     return n, *(best_of(repeats, f) / n / 1000 for f in (sse, dialect, both))
 
 
+def measure_meter(path: str, reads: list[bytes], repeats: int) -> tuple[float, float]:
+    """µs per read of on_chunk for every read then finish, and of finish alone."""
+    finish_ns: list[int] = []
+
+    def new() -> Meter:
+        m = Meter(received_ns=0, method="POST", path=path, query={}, headers=HEADERS, route="/",
+                  upstream_host="api.example.com", tag=None)
+        m.on_request_read(REQUEST)
+        m.on_upstream_sent(1000)
+        m.response_started(200, UPSTREAM, 2000)
+        return m
+
+    def run() -> None:
+        m = new()
+        t = 3000
+        for r in reads:
+            t += 1000
+            m.on_chunk(r, t)
+        start = time.perf_counter_ns()
+        m.finish(None, t + 1000)
+        finish_ns.append(time.perf_counter_ns() - start)
+
+    total = best_of(repeats, run)
+    return total / len(reads) / 1000, min(finish_ns) / len(reads) / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=500)
+    parser.add_argument("--events", type=int, default=500, help="output events per stream for sse/dialect/both")
+    parser.add_argument("--chunks", type=int, default=100, help="reads per stream for the meter column")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    streams = [(OpenAIChat, chat_stream), (Anthropic, anthropic_stream),
-               (OpenAIResponses, responses_stream), (Gemini, gemini_stream)]
-    print(f"{'dialect':<18}{'events':>7}{'bytes/ev':>10}{'sse µs':>9}{'dialect µs':>12}{'both µs':>9}")
-    for cls, build in streams:
+    print(f"{'dialect':<18}{'events':>7}{'bytes/ev':>10}{'sse µs':>9}{'dialect µs':>12}{'both µs':>9}"
+          f"{'meter µs/chunk':>16}{'of it finish':>14}")
+    for cls, build, path in STREAMS:
         reads = build(args.events)
         n, sse, dialect, both = measure(cls, reads, args.repeats)
         size = sum(map(len, reads)) / len(reads)
-        print(f"{cls.name:<18}{n:>7}{size:>10.0f}{sse:>9.2f}{dialect:>12.2f}{both:>9.2f}")
+        k = args.chunks
+        while len(build(k)) > args.chunks:  # the structural events count as reads too
+            k -= 1
+        chunks = build(k)
+        meter, finish = measure_meter(path, chunks, args.repeats * 5)
+        print(f"{cls.name:<18}{n:>7}{size:>10.0f}{sse:>9.2f}{dialect:>12.2f}{both:>9.2f}{meter:>16.2f}{finish:>14.2f}")
 
 
 if __name__ == "__main__":
