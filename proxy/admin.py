@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import os
+import socket
+import struct
 from typing import Any
 
 import orjson
@@ -17,7 +20,8 @@ from aiohttp import web
 
 from . import live
 from .relay_state import STATE, ProxyState
-from .running import TOKEN_HEADER
+from .running import ADMIN_PREFIX, TOKEN_HEADER
+
 MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
 
 
@@ -53,23 +57,39 @@ def allowed(request: web.Request, state: ProxyState) -> bool:
     send a custom header cross-site without a preflight (which llmtap refuses). A browser page is
     refused even with a token (its Origin, or its own name in Host: DNS rebinding).
     """
-    token = state.admin_token
-    if not token or not (_is_loopback(request.remote) or state.config.allow_remote):
+    if not (_is_loopback(request.remote) or state.config.allow_remote):
         return False
-    sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
-    if not hmac.compare_digest(sent.encode(), token.encode()):
+    if not _token_sent(request, state.admin_token):
         return False
     origin = request.headers.get("Origin")
     return origin is None and (state.config.allow_remote or _local_name(request.host))
 
 
+FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
+             "--allow-remote) carrying the admin token in X-Llmtap-Admin-Token or Authorization: "
+             "Bearer; llmtap's own commands read it from the running proxy's owner-only state "
+             "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)")
+
+
+def _token_sent(request: web.Request, token: str) -> bool:
+    sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
+    return bool(token) and hmac.compare_digest(sent.encode(), token.encode())
+
+
 async def handle(request: web.Request, name: str) -> web.StreamResponse:
+    """A request under /_llmtap/ on the relay's port. In a `serve --workers` worker, once allowed
+    here by the same rules, it is answered by the primary (which holds the database, the metrics
+    and the live feed) through the primary's private socket: `state.admin_relay`."""
     state = request.app[STATE]
     if not allowed(request, state):
-        return _json({"error": "llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
-                               "--allow-remote) carrying the admin token in X-Llmtap-Admin-Token or Authorization: "
-                               "Bearer; llmtap's own commands read it from the running proxy's owner-only state "
-                               "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)"}, 403)
+        return _json({"error": FORBIDDEN}, 403)
+    if state.admin_relay is not None:
+        return await state.admin_relay(request, name)
+    return await answer(request, state, name)
+
+
+async def answer(request: web.Request, state: ProxyState, name: str) -> web.StreamResponse:
+    """An allowed admin request, answered by this process."""
     if name == "health" and request.method == "GET":
         return _json(health(state))
     if name == "live" and request.method == "GET":
@@ -92,8 +112,9 @@ def health(state: ProxyState) -> dict[str, Any]:
         "url_tags": True,  # /_tag/<tag>/ base URLs are understood
         "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
                    for r in state.routes.routes],
-        "event_loop_lag": state.loop_lag.summary(),
+        "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
         "store": stats,
+        **({"workers": state.workers.health()} if state.workers is not None else {}),
     }
 
 
@@ -121,3 +142,36 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
         return _json({"error": str(exc)}, 400)
     truncated = len(rows) > MAX_ROWS
     return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})
+
+
+# -- serve --workers N: the primary's private admin socket -----------------------------------------
+
+
+def private_app(state: ProxyState) -> web.Application:
+    """What the primary answers on its private Unix socket (in the 0700 run directory): the admin
+    requests its workers were sent and allowed, relayed with the token. It checks again: the peer
+    is a process of this Unix user (SO_PEERCRED) and sends the admin token."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app.router.add_route("*", ADMIN_PREFIX + "{name:.*}", _private)
+    return app
+
+
+async def _private(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if not (_same_user(request) and _token_sent(request, state.admin_token)):
+        return _json({"error": FORBIDDEN}, 403)
+    return await answer(request, state, request.match_info["name"])
+
+
+def _same_user(request: web.Request) -> bool:
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or getattr(socket, "SO_PEERCRED", None) is None:
+        return False
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except (OSError, struct.error):
+        return False
+    return uid == os.getuid()

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from . import config as cfg
-from .cli_options import config_option, db_option
+from .cli_options import config_option, db_option, workers_option
 from .routes import RouteError, parse_route
 
 
@@ -114,9 +114,10 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--update-prices", is_flag=True, default=None, help="Fetch genai-prices' latest price data hourly (network; default off: the package's own data).")
 @click.option("--upstream-key-env", metavar="VAR", help="Replace the client's credential on the default route with the key in $VAR.")
 @click.option("--route-key-env", "route_key_specs", multiple=True, metavar="PREFIX=VAR", help="The same for one route prefix. Repeatable.")
+@workers_option
 @click.option("--print-config", is_flag=True, help="Print the effective configuration as TOML and exit.")
 def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_specs: tuple[str, ...],
-          hosts: tuple[str, ...], print_config: bool, **flags: Any) -> None:
+          hosts: tuple[str, ...], print_config: bool, workers: int, **flags: Any) -> None:
     """Run the proxy: forward, relay and measure every request."""
     from .server import check_bind, run, serve_forever
     from .store import StoreError
@@ -130,7 +131,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
             return
         config.route_table()
         check_bind(config)
-        run(lambda: serve_forever(config, query_setup=_views()))
+        run(lambda: serve_forever(config, query_setup=_views(), workers=workers))
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except StoreError as exc:

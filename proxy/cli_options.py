@@ -1,4 +1,4 @@
-"""The options every command shares, declared once: `--db` and `--config`.
+"""The options every command shares, declared once: `--db` and `--config` (and serve's `--workers`).
 
 Every command resolves the database the same way (`config.resolve_db`): `--db`, else
 `$LLMTAP_DB`, else the config file's `db`, else ~/.local/share/llmtap/llmtap.duckdb. So
@@ -33,3 +33,10 @@ def db_option(dest: str = "db_path", what: str = "DuckDB file", resolve: bool = 
 def config_option(f: F) -> F:
     return click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
                         help="TOML config file (default: $LLMTAP_CONFIG, else ~/.config/llmtap/config.toml).")(f)
+
+
+def workers_option(f: F) -> F:
+    """`serve --workers N` (proxy/workers.py): N processes relay and measure, this one writes the database."""
+    return click.option("--workers", type=click.IntRange(min=1, max=64), default=1, show_default=True,
+                        help="Processes that relay and measure, on the same port (SO_REUSEPORT); this one "
+                             "also writes the database, the others send it their rows.")(f)

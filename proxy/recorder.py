@@ -147,8 +147,12 @@ class Recorder:
         except Exception as exc:  # a bug in measuring loses a metric, never a request
             self.report(f"llmtap: could not measure a request: {type(exc).__name__}: {exc}")
             return
+        self.deliver(Finished(row, chunks, meter.captured))
+
+    def deliver(self, finished: Finished) -> None:
+        """Hand one finished request to every observer: this process's own (from `_record`), or
+        one that a `serve --workers` worker built and shipped here (proxy/workers.py)."""
         self.requests_seen += 1
-        finished = Finished(row, chunks, meter.captured)
         for observer in self.observers:
             try:
                 observer(finished)

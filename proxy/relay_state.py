@@ -34,6 +34,10 @@ class ProxyState:
     recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
+    # serve --workers N (proxy/workers.py): the primary's supervisor of its workers (their health),
+    # and in a worker the relay of /_llmtap/ requests to the primary
+    workers: Any = None
+    admin_relay: Any = None
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)

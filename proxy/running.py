@@ -63,6 +63,7 @@ class State:
     port: int
     db: str | None
     admin_token: str | None
+    workers: tuple[int, ...] = ()  # the pids of `serve --workers N`'s worker processes (pid is the primary's)
 
     @property
     def url(self) -> str:
@@ -72,13 +73,22 @@ class State:
         return self.db is not None and same_file(self.db, db)
 
 
-def write_state(*, host: str, port: int, db: str | None, admin_token: str) -> Path:
-    """This process's state file, owner-only (written before anyone can read it)."""
+def private_dir() -> Path:
+    """The run directory, owner-only (0700): state files, and the private socket of `serve --workers`."""
     directory = paths.state_dir()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)  # an older, wider directory is narrowed
+    return directory
+
+
+def write_state(*, host: str, port: int, db: str | None, admin_token: str, workers: list[int] | None = None) -> Path:
+    """This process's state file, owner-only (written before anyone can read it); rewritten when
+    a worker of `serve --workers` is restarted."""
+    directory = private_dir()
     path = directory / f"{port}.json"
-    data = {"pid": os.getpid(), "host": host, "port": port, "db": db, "admin_token": admin_token}
+    data: dict[str, Any] = {"pid": os.getpid(), "host": host, "port": port, "db": db, "admin_token": admin_token}
+    if workers:
+        data["workers"] = list(workers)
     tmp = directory / f".{port}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -99,7 +109,8 @@ def read_state(path: Path) -> State | None:
         data = json.loads(path.read_text())
         return State(path=path, pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
                      host=str(data.get("host") or "127.0.0.1"), port=int(data["port"]),
-                     db=data.get("db"), admin_token=data.get("admin_token"))
+                     db=data.get("db"), admin_token=data.get("admin_token"),
+                     workers=tuple(p for p in data.get("workers") or () if isinstance(p, int)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -71,25 +73,40 @@ class RunningProxy:
     default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
 
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = _stderr,
-                 query_setup: QuerySetup | None = None) -> None:
+                 query_setup: QuerySetup | None = None, reuse_port: bool = False,
+                 worker: tuple[str, str | None] | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
-        proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/)."""
+        proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/).
+
+        `reuse_port`: listen with SO_REUSEPORT, beside the other processes of `serve --workers N`.
+        `worker`: this is one of those workers (proxy/workers.py), given the primary's admin token
+        and client key: it relays and measures, and its rows go to the primary, which alone has the
+        database, the metrics and the exporters."""
         self.config = config
+        self.reuse_port = reuse_port
+        self.is_worker = worker is not None
         routes = config.route_table()
         self.store: Store | None = None
-        if record and config.measure:
+        if record and config.measure and worker is None:
             self.store = Store(config.db_path, flush_interval_s=config.flush_interval_s,
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
             self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
+        token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=admin_token(config), client_key=client_key() if injects else None,
+                                admin_token=token, client_key=key,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
             raise ConfigError(f"metrics_names is {' or '.join(METRICS_NAMES)}, not {config.metrics_names!r}")
+        self.otel: OtelExporter | None = None
+        self.runner: web.AppRunner | None = None
+        self.port = config.port
+        self.listening: list[str] = []  # the addresses it listens on
+        if worker is not None:
+            return  # a worker's observers: its rows' shipper (proxy/workers.py), nothing else
         if config.update_prices:
             prices.enable_updates()  # genai-prices' own hourly fetch: opt-in
         self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
@@ -98,16 +115,12 @@ class RunningProxy:
         if self.store is not None:
             recorder.observe(store_observer(self.store, config.record_chunks))
         recorder.observe(on_rows(self.state.metrics.observe))
-        self.otel: OtelExporter | None = None
         if (otel_settings := OtelSettings.from_config(config)) is not None:
             try:
                 self.otel = OtelExporter.from_settings(otel_settings, report=report)
             except OtelUnavailable as exc:
                 raise ConfigError(str(exc)) from None
             recorder.observe(on_rows(self.otel.observe))
-        self.runner: web.AppRunner | None = None
-        self.port = config.port
-        self.listening: list[str] = []  # the addresses it listens on
 
     @property
     def admin_token(self) -> str:
@@ -141,8 +154,12 @@ class RunningProxy:
         """Each address on one port (the first's, when the port is 0). An optional one (::1 of
         "localhost") that cannot be had is left out, with a note."""
         port = self.config.port
+        if self.reuse_port and port and not self.is_worker:  # a worker shares its primary's port
+            for host, required in self.config.listen_addresses():
+                _refuse_taken(host, port, required)
         for host, required in self.config.listen_addresses():
-            site = web.TCPSite(self.runner, host, port, backlog=4096, reuse_address=True)  # type: ignore[arg-type]
+            site = web.TCPSite(self.runner, host, port, backlog=4096, reuse_address=True,  # type: ignore[arg-type]
+                               reuse_port=self.reuse_port or None)
             try:
                 await site.start()
             except OSError as exc:
@@ -170,10 +187,14 @@ class RunningProxy:
             return True
         return await asyncio.get_running_loop().run_in_executor(None, self.store.flush, timeout)
 
-    async def aclose(self) -> None:
+    async def stop_serving(self) -> None:
+        """Stop listening; handlers still running end here, and record their requests."""
         if self.runner is not None:
-            await self.runner.cleanup()  # handlers still running end here, and record their requests
-            self.runner = None
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    async def aclose(self) -> None:
+        await self.stop_serving()
         self.state.recorder.record_ended()
         if self.store is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.store.close)
@@ -182,9 +203,29 @@ class RunningProxy:
             self.otel = None
 
 
-def write_state(proxy: RunningProxy) -> Path:
+def _refuse_taken(host: str, port: int, required: bool) -> None:
+    """SO_REUSEPORT would let this start share a port that another process of this user listens on
+    (another `serve --workers` on it): try the port without it first, so that a taken port stops
+    this start as it does without --workers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        if required or exc.errno == errno.EADDRINUSE:
+            raise
+    finally:
+        probe.close()
+
+
+def write_state(proxy: RunningProxy, workers: list[int] | None = None) -> Path:
     db = str(proxy.config.db_path) if proxy.store is not None else None
-    return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token)
+    return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token,
+                               workers=workers)
 
 
 SWITCH_INTERVAL_S = 0.0005
@@ -206,20 +247,38 @@ def tune_runtime() -> None:
 
 
 async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr,
-                        query_setup: QuerySetup | None = None) -> None:
-    """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed."""
+                        query_setup: QuerySetup | None = None, workers: int = 1) -> None:
+    """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed.
+
+    `workers` N > 1: this process (the primary) relays too, and starts N - 1 worker processes
+    listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/workers.py)."""
+    from .workers import Workers
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with RunningProxy(config, report=report, query_setup=query_setup) as proxy:
+    async with RunningProxy(config, report=report, query_setup=query_setup, reuse_port=workers > 1) as proxy:
         tune_runtime()
-        state_file = write_state(proxy)
+        pool: Workers | None = None
+        state_file: Path | None = None
+        if workers > 1:
+            pool = Workers(proxy, workers - 1,
+                           on_change=lambda pids: write_state(proxy, pids) if state_file is not None else None)
+            try:
+                await pool.start()
+            except BaseException:
+                await pool.stop()
+                raise
+        state_file = write_state(proxy, pool.pids() if pool is not None else None)
         report(routes_banner(proxy.state, proxy.url))
         if len(proxy.listening) > 1:
             report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
+        if pool is not None:
+            report(f"  {workers} processes: this one (pid {os.getpid()}, the database) and workers "
+                   f"{', '.join(map(str, pool.pids()))}")
         if proxy.store is not None:
             report(f"recording to {config.db_path}  (query it: llmtap sql \"SELECT * FROM requests\")")
         try:
@@ -227,6 +286,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
         finally:
             report("llmtap: stopping, flushing rows ...")
             running.clear_state(state_file)
+            if pool is not None:  # the workers' last rows reach the store before it closes
+                await asyncio.gather(pool.stop(), proxy.stop_serving())
     report("llmtap: stopped")
 
 
