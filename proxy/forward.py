@@ -16,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import conn_timing
+from .body_pipe import BodyPipe, can_pipe
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
@@ -234,30 +235,34 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
             headers.setdefault(name, value)
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await out.prepare(request)
-    content = upstream.content
-    while True:
-        try:
-            data = await content.readany()
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-            _abort(request)
-            raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
-        except aiohttp.ClientError as exc:
-            _abort(request)
-            raise _finish_after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
-        if not data:
-            break
+    try:
+        if can_pipe(upstream.content):
+            await BodyPipe(request, upstream.content, meter).relay()
+        else:
+            await _read_and_write(upstream.content, out, meter)
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+        _abort(request)
+        raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
+    except ConnectionResetError:  # ClientGone included: the client left, not the upstream
+        raise _finish_after_headers(Outcome.CLIENT_DISCONNECTED, "the client closed the connection mid-response", out)
+    except aiohttp.ClientError as exc:
+        _abort(request)
+        raise _finish_after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
+    await out.write_eof()
+    return out
+
+
+async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
+    """The body read by read and written to the client: for the readers `BodyPipe` does not take
+    (aiohttp's empty reader, or a reader another version of aiohttp shapes differently)."""
+    while data := await content.readany():
         t = perf_counter_ns()
-        try:
-            await out.write(data)
-        except ConnectionResetError:
-            raise _finish_after_headers(Outcome.CLIENT_DISCONNECTED, "the client closed the connection mid-response", out)
+        await out.write(data)
         if meter is not None:
             try:
                 meter.on_chunk(data, t)
             except Exception as exc:  # measuring never breaks traffic
                 meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
-    await out.write_eof()
-    return out
 
 
 def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:

@@ -198,14 +198,14 @@ def body_of(response: bytes) -> bytes:
 
 
 def dechunk(body: bytes) -> bytes:
-    out, rest = [], body
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
+    out, at = [], 0
+    while at < len(body):
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end].split(b";")[0], 16)
         if size == 0:
             break
-        out.append(rest[:size])
-        rest = rest[size + 2:]
+        out.append(body[end + 2:end + 2 + size])
+        at = end + 4 + size
     return b"".join(out)
 
 
