@@ -69,6 +69,7 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0  # a worker's requests get the server's shutdown timeout (5 s); then its last rows
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 YOUNG_S = 10.0  # a worker that dies younger than this is restarted after the next backoff step
+VIA_HEADER = "X-Llmtap-Worker"  # on admin answers a worker relayed from the primary: the worker's index
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
 
@@ -301,8 +302,8 @@ class Shipper:
 class AdminRelay:
     """A worker's /_llmtap/ requests (already allowed by admin.handle), answered by the primary."""
 
-    def __init__(self, socket_path: str, token: str) -> None:
-        self.socket_path, self.token = socket_path, token
+    def __init__(self, socket_path: str, token: str, index: int) -> None:
+        self.socket_path, self.token, self.index = socket_path, token, index
         self.session: aiohttp.ClientSession | None = None
 
     async def __call__(self, request: web.Request, name: str) -> web.StreamResponse:
@@ -319,7 +320,7 @@ class AdminRelay:
         response: web.StreamResponse | None = None
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers) as upstream:
-                response = web.StreamResponse(status=upstream.status)
+                response = web.StreamResponse(status=upstream.status, headers={VIA_HEADER: str(self.index)})
                 for header in ("Content-Type", "Cache-Control"):
                     if header in upstream.headers:
                         response.headers[header] = upstream.headers[header]
@@ -365,7 +366,7 @@ async def worker(fd: int) -> int:
                          worker=(setup["admin_token"], setup["client_key"]))
     shipper = Shipper(channel)
     proxy.state.recorder.observe(shipper)
-    relay = AdminRelay(setup["admin_socket"], setup["admin_token"])
+    relay = AdminRelay(setup["admin_socket"], setup["admin_token"], index)
     proxy.state.admin_relay = relay
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

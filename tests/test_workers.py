@@ -1,0 +1,251 @@
+"""`llmtap serve --workers 2`: two processes relay on one port, one database gets every row.
+
+Real `serve` processes against the simulated upstream, on loopback and port 0. Each request goes over a
+fresh connection, so the kernel (SO_REUSEPORT) spreads them over both processes; with 2 processes and
+dozens of connections, the chance that one process gets none is below 2^-40.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import duckdb
+
+from proxy import paths, running
+from proxy.simulator.app import Simulator
+from proxy.workers import VIA_HEADER
+
+CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.Popen, running.State]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream, "--db", str(db), "--quiet",
+         "--workers", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (state := running.state_of(proc.pid)) is not None:
+            return proc, state
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        await asyncio.sleep(0.05)
+    proc.kill()
+    raise AssertionError("serve --workers 2 did not start in 30 s")
+
+
+def stop(proc: subprocess.Popen) -> tuple[str, str]:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def fresh_connections() -> aiohttp.ClientSession:
+    """Every request on a new connection: the kernel picks a process for each."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+async def chat(s: aiohttp.ClientSession, base: str, stream: bool = False, **headers: str) -> bytes:
+    async with s.post(base + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=headers) as r:
+        body = await r.read()
+        assert r.status == 200, body
+        return body
+
+
+async def sql(s: aiohttp.ClientSession, admin: running.AdminClient, query: str) -> tuple[int, str | None, list]:
+    async with s.post(admin.endpoint("sql"), json={"sql": query}, headers=admin.headers()) as r:
+        data = await r.json()
+        return r.status, r.headers.get(VIA_HEADER), data.get("rows", data)
+
+
+async def count_until(s: aiohttp.ClientSession, admin: running.AdminClient, expected: int,
+                      query: str = "SELECT count(*) FROM requests") -> int:
+    n = -1
+    for _ in range(100):  # rows reach the database within about a second; 20 s at most
+        status, _via, rows = await sql(s, admin, query)
+        assert status == 200, rows
+        if (n := rows[0][0]) >= expected:
+            return n
+        await asyncio.sleep(0.2)
+    return n
+
+
+async def health(s: aiohttp.ClientSession, admin: running.AdminClient) -> dict:
+    async with s.get(admin.endpoint("health"), headers=admin.headers()) as r:
+        assert r.status == 200
+        return await r.json()
+
+
+def open_files(pid: int) -> list[str]:
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found.append(os.readlink(fd))
+        except OSError:
+            pass
+    return found
+
+
+async def test_every_process_relays_and_the_one_database_gets_every_row(sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "workers.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    admin = running.AdminClient(state.url, state.admin_token)
+    try:
+        assert len(state.workers) == 1 and state.workers[0] != proc.pid
+        async with fresh_connections() as s:
+            await asyncio.gather(*(chat(s, state.url) for _ in range(60)),
+                                 *(chat(s, state.url, stream=True) for _ in range(20)))
+            assert await count_until(s, admin, 80) == 80
+            assert await count_until(s, admin, 20, "SELECT count(DISTINCT request_id) FROM chunks") == 20
+            # each process relayed some; the counts are exact and add up
+            processes = (await health(s, admin))["workers"]
+            assert [p["role"] for p in processes] == ["primary", "worker"]
+            assert [p["pid"] for p in processes] == [proc.pid, state.workers[0]]
+            assert all(p["requests"] > 0 for p in processes), processes
+            assert sum(p["requests"] for p in processes) == 80
+            assert "p99_ms" in processes[1]["event_loop_lag"]  # the worker's own, from its heartbeat
+            # the admin SQL answers on whichever process takes the connection, with the same rows
+            answers = [await sql(s, admin, "SELECT count(*) FROM requests") for _ in range(30)]
+            assert {(status, rows[0][0]) for status, _via, rows in answers} == {(200, 80)}
+            assert {via for _status, via, _rows in answers} == {None, "1"}  # the primary's own, and relayed
+            # Prometheus counts every process's requests
+            async with s.get(admin.endpoint("metrics"), headers=admin.headers()) as r:
+                assert r.status == 200
+                assert "80.0" in await r.text()
+            # and without the token, or with a wrong one, every process refuses
+            for headers in ({}, {running.TOKEN_HEADER: "guessed"}, {"Authorization": "Bearer guessed"}):
+                for _ in range(15):
+                    async with s.post(admin.endpoint("sql"), json={"sql": "SELECT 1"}, headers=headers) as r:
+                        assert r.status == 403
+                    async with s.get(admin.endpoint("live"), headers=headers) as r:
+                        assert r.status == 403
+            # a browser page is refused even with the token, on every process
+            for _ in range(15):
+                async with s.get(admin.endpoint("health"),
+                                 headers={**admin.headers(), "Origin": "https://evil.example"}) as r:
+                    assert r.status == 403
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM requests").fetchone() == (80, 80)
+    con.close()
+    assert not list(paths.state_dir().glob("*"))  # the state file and the private socket are gone
+
+
+async def test_no_worker_opens_the_database_and_the_token_is_not_in_its_command_line(
+        sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "private.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    try:
+        async with fresh_connections() as s:
+            await asyncio.gather(*(chat(s, state.url, stream=True) for _ in range(20)))
+            assert await count_until(s, running.AdminClient(state.url, state.admin_token), 20) == 20
+        worker = state.workers[0]
+        assert any(f.startswith(str(db)) for f in open_files(proc.pid))  # the primary holds it
+        assert not any(str(db) in f for f in open_files(worker))  # the worker, not even its WAL
+        assert str(db) not in Path(f"/proc/{worker}/maps").read_text()
+        token = state.admin_token or ""
+        assert token and token.encode() not in Path(f"/proc/{worker}/cmdline").read_bytes()
+        assert token.encode() not in Path(f"/proc/{worker}/environ").read_bytes()
+        run_dir = paths.state_dir()
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+        for path in run_dir.iterdir():  # the state file and the primary's private socket
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert token not in out + err
+
+
+async def test_sigterm_flushes_the_rows_of_every_process_in_flight(sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "stop.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    slow = {"x-sim-tokens": "20", "x-sim-itl-ms": "50"}  # a second each: still streaming when SIGTERM comes
+    try:
+        async with fresh_connections() as s:
+            async with s.get(state.url + "/_llmtap/health",
+                             headers=running.AdminClient(state.url, state.admin_token).headers()) as r:
+                assert r.status == 200
+            streams = [asyncio.create_task(chat(s, state.url, stream=True, **slow)) for _ in range(24)]
+            for _ in range(200):  # until the upstream has every request (both processes are relaying them)
+                if sum(path.startswith("/v1/chat") for _m, path, *_ in sim.requests) >= 24:
+                    break
+                await asyncio.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            bodies = await asyncio.gather(*streams)
+        assert all(b.rstrip().endswith(b"data: [DONE]") for b in bodies)
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*), count(*) FILTER (outcome = 'ok') FROM requests").fetchone() == (24, 24)
+    assert con.execute("SELECT count(DISTINCT request_id) FROM chunks").fetchone() == (24,)
+    con.close()
+
+
+async def test_a_killed_worker_is_reported_and_replaced(sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "restart.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    admin = running.AdminClient(state.url, state.admin_token)
+    try:
+        first = state.workers[0]
+        os.kill(first, signal.SIGKILL)
+        replaced = None
+        for _ in range(200):  # the primary starts another at once (it was not young), 20 s at most
+            now = running.state_of(proc.pid)
+            if now is not None and now.workers and now.workers[0] != first:
+                replaced = now.workers[0]
+                break
+            await asyncio.sleep(0.1)
+        assert replaced is not None
+        async with fresh_connections() as s:
+            await asyncio.gather(*(chat(s, state.url) for _ in range(40)))
+            assert await count_until(s, admin, 40) == 40
+            processes = (await health(s, admin))["workers"]
+            assert processes[1]["pid"] == replaced and processes[1]["restarts"] == 1
+            assert processes[1]["requests"] > 0 and processes[0]["requests"] > 0
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert f"worker 1 (pid {first}) was killed by signal 9" in err
+
+
+async def test_top_s_live_feed_streams_through_either_process(sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "live.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    admin = running.AdminClient(state.url, state.admin_token)
+    vias: set[str | None] = set()
+    try:
+        async with fresh_connections() as s:
+            for _ in range(12):
+                async with s.get(admin.endpoint("live"), headers=admin.headers()) as r:
+                    assert r.status == 200
+                    vias.add(r.headers.get(VIA_HEADER))
+                    load = asyncio.gather(*(chat(s, state.url) for _ in range(6)))
+                    seen = 0
+                    for _ in range(40):  # ticks, 250 ms apart: until the six finished requests show
+                        line = await asyncio.wait_for(r.content.readline(), 10)
+                        if line.startswith(b"data: "):
+                            seen += line.count(b'"outcome":"ok"')  # finished entries only
+                            if seen >= 6:
+                                break
+                    await load
+                    assert seen >= 6  # rows finished in either process reach the feed
+                if len(vias) == 2:
+                    break
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert vias == {None, "1"}
