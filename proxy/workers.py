@@ -388,6 +388,7 @@ async def worker(fd: int) -> int:
     try:
         await stop.wait()
     finally:
+        await relay.close()  # a relayed live feed ends now, rather than hold the stop for the shutdown timeout
         await proxy.stop_serving()  # its requests end here and are recorded
         proxy.state.recorder.record_ended()
         shipper.flush()
@@ -395,7 +396,6 @@ async def worker(fd: int) -> int:
         await channel.drain()
         for task in tasks:
             task.cancel()
-        await relay.close()
         await proxy.aclose()
         await channel.close()
     return 0

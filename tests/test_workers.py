@@ -249,3 +249,21 @@ async def test_top_s_live_feed_streams_through_either_process(sim: Simulator, tm
         out, err = stop(proc)
     assert proc.returncode == 0, err
     assert vias == {None, "1"}
+
+
+async def test_a_port_another_process_listens_on_stops_the_start(sim: Simulator, tmp_path: Path) -> None:
+    """SO_REUSEPORT must not let serve --workers share a port that is already taken."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--upstream", sim.url, "--db", str(tmp_path / "x.duckdb"), "--workers", "2"],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "cannot listen" in proc.stderr and "in use" in proc.stderr
+    assert not list(paths.state_dir().glob("*.json"))
