@@ -9,7 +9,8 @@ pipe), and in that same callback:
 
 1. writes the piece to the client's transport, HTTP/1.1 chunk framing when the response is chunked;
 2. gives the meter its copy, stamped as it arrived (`perf_counter_ns`, before the write);
-3. when the client's transport is full (the server protocol's `writing_paused`), pauses reading
+3. notes the time, for the upstream's idle timeout (checked once per period, not re-armed per read);
+4. when the client's transport is full (the server protocol's `writing_paused`), pauses reading
    the upstream connection, and resumes it once the client has drained (backpressure as before:
    a client that stops reading stops the upstream).
 
@@ -24,7 +25,7 @@ import asyncio
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from aiohttp import web
+from aiohttp import ServerTimeoutError, web
 from aiohttp.streams import StreamReader
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def can_pipe(content: StreamReader) -> bool:
 
 
 class BodyPipe:
-    __slots__ = ("_content", "_transport", "_protocol", "_writer", "_upstream", "_chunked", "_meter", "_drain", "gone")
+    __slots__ = ("_content", "_transport", "_protocol", "_writer", "_upstream", "_chunked", "_meter", "_drain",
+                 "_idle_s", "_last", "_timer", "gone")
 
     def __init__(self, request: web.Request, content: StreamReader, meter: Meter | None) -> None:
         self._content = content
@@ -77,6 +79,9 @@ class BodyPipe:
         self._chunked = self._writer.chunked  # type: ignore[attr-defined]
         self._meter = meter
         self._drain: asyncio.Task[None] | None = None
+        self._idle_s: float = 0
+        self._last = 0  # perf_counter_ns of the last piece
+        self._timer: asyncio.TimerHandle | None = None
         self.gone = False
 
     async def relay(self) -> None:
@@ -88,6 +93,7 @@ class BodyPipe:
             return
         PIPES[content] = self
         content.__class__ = _PipedReader
+        self._watch_idle()
         try:
             await content.wait_eof()
         finally:
@@ -95,12 +101,14 @@ class BodyPipe:
             del PIPES[content]
             if self._drain is not None:
                 self._drain.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
         if self.gone:
             raise ClientGone
 
     def piece(self, data: bytes) -> None:
         """One piece of the body, from inside the upstream connection's `data_received`."""
-        t = perf_counter_ns()
+        self._last = t = perf_counter_ns()
         if self.gone:
             return
         transport = self._transport
@@ -121,6 +129,26 @@ class BodyPipe:
                 meter.on_chunk(data, t)
             except Exception as exc:  # measuring never breaks traffic
                 meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+
+    def _watch_idle(self) -> None:
+        """The upstream's idle timeout (`serve --idle-timeout`), checked once per period instead of
+        aiohttp's timer re-armed on every read (a timer cancelled and made per chunk)."""
+        idle_s = self._upstream.read_timeout
+        if not idle_s:
+            return
+        self._upstream.read_timeout = None  # this response only: aiohttp sets it again for the next
+        self._idle_s, self._last = idle_s, perf_counter_ns()
+        self._timer = asyncio.get_running_loop().call_later(idle_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        silent_s = (perf_counter_ns() - self._last) / 1e9
+        if self._drain is not None:  # paused for the client: the upstream is not the one silent
+            self._last, silent_s = perf_counter_ns(), 0.0
+        if silent_s >= self._idle_s * 0.999:
+            self._timer = None
+            self._content.set_exception(ServerTimeoutError("Timeout on reading data from socket"))
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._idle_s - silent_s, self._check_idle)
 
     def _hold_upstream(self) -> None:
         """The client reads slower than the upstream sends: stop reading the upstream until it drains."""

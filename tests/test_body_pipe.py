@@ -167,3 +167,75 @@ async def test_no_pipe_outlives_its_relay(tmp_path: Path) -> None:
             outcomes.append(rows(p)[0]["outcome"])
         assert not body_pipe.PIPES
     assert outcomes == ["upstream_timeout", "stream_truncated", "client_disconnected"]
+
+
+async def test_the_idle_timeout_counts_silence_not_the_stream_s_length(tmp_path: Path) -> None:
+    """`--idle-timeout` 0.3 s: a stream with an event every 50 ms for 1.5 s is not cut; one the
+    upstream pauses 1 s in is, after its first events."""
+    events = [event(i) for i in range(30)] + [DONE]
+
+    async def steady(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(http_head(200, SSE, chunked=True))
+        for e in events:
+            await conn.send(chunk(e))
+            await asyncio.sleep(0.05)
+        await conn.send(b"0\r\n\r\n")
+
+    async def stalls(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(http_head(200, SSE, chunked=True))
+        for e in events[:5]:
+            await conn.send(chunk(e))
+            await asyncio.sleep(0.05)
+        await conn.closed_by_peer(within_s=1.0)
+
+    found = []
+    for handler in (steady, stalls):
+        async with RawUpstream(handler) as up, RunningProxy(proxy_config(up.url, tmp_path / handler.__name__,
+                                                                         idle_timeout_s=0.3)) as p:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(p.url + CHAT, json={"stream": True}) as r:
+                    try:
+                        body = await r.read()
+                    except aiohttp.ClientPayloadError:
+                        body = b""
+            row = rows(p)[0]
+            found.append((row["outcome"], row["output_events"]))
+            if handler is steady:
+                assert body == b"".join(events)
+    assert found == [("ok", 30), ("upstream_timeout", 5)]
+
+
+async def test_a_client_paused_past_the_idle_timeout_is_no_upstream_timeout(tmp_path: Path) -> None:
+    """The upstream is held back for the client (backpressure) longer than `--idle-timeout`: that
+    silence is the client's, and the stream completes."""
+    piece = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * 16_000 + b'"}}]}\n\n'
+    count = 1_000
+
+    async def firehose(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(http_head(200, SSE, chunked=True))
+        for _ in range(count):
+            await conn.send(chunk(piece))
+        await conn.send(chunk(DONE) + b"0\r\n\r\n")
+
+    async with RawUpstream(firehose) as up, RunningProxy(proxy_config(up.url, tmp_path, idle_timeout_s=0.3)) as p:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, ("127.0.0.1", p.port))
+        await loop.sock_sendall(sock, b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        received = bytearray(await loop.sock_recv(sock, 65536))
+        await asyncio.sleep(1.2)  # four idle periods, reading nothing
+        async with asyncio.timeout(60):
+            while not received.endswith(b"0\r\n\r\n"):
+                data = await loop.sock_recv(sock, 1 << 20)
+                assert data, "the proxy closed the connection before the end"
+                received += data
+        sock.close()
+        row = rows(p)[0]
+    assert dechunk(body_of(bytes(received))) == piece * count + DONE
+    assert (row["outcome"], row["output_events"]) == ("ok", count)
