@@ -215,23 +215,73 @@ class Meter:
 
     def _events(self, sse: SSEParser, reads: Iterable[tuple[bytes, int]]) -> None:
         """The output events of some reads of a stream, each timed by its read; every lookup hoisted
-        out of the loop (a plain stream's reads all come here at once, see `drain`)."""
-        feed, on_event = sse.feed, self.dialect.on_event
+        out of the loop (a plain stream's reads all come here at once, see `drain`).
+
+        A read of whole events (it ends with a blank line and the parser is between events, `idle`)
+        is split at its blank lines when the dialect has a quick pattern (proxy/dialects/base.py),
+        each block one event's lines: a block the pattern matches (most of a stream: its text,
+        thinking and tool-argument deltas) is an output event read from the match, no dialect code
+        run; any other block is fed to the parser (it is idle: the block is read as in the whole
+        read) and its events handed to `on_event`, in the stream's order. Any other read is fed to
+        the parser whole. Either way each event comes out as feeding every read would make it."""
+        dialect = self.dialect
+        feed, on_event, limit, quick = sse.feed, dialect.on_event, sse.max_event_bytes, dialect.quick
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
+        first_text = self.first_text
+        if quick is not None:
+            match, table, sets_model = quick.block, quick.kinds, quick.model
         try:
             for data, t_ns in reads:
+                if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
+                    model = None  # the model the last quick event set
+                    for block in data[:-2].split(b"\n\n"):
+                        m = match(block)
+                        if m is not None:
+                            kind, text = m.group("kind", "text")
+                            try:
+                                n = len(text.decode())  # text_chars, inline
+                            except UnicodeDecodeError:
+                                n = 0
+                            if n:
+                                if b"\\" in text:
+                                    n -= text.count(b"\\") - text.count(b"\\\\")
+                                if sets_model and (found := m["model"]) and found != model:
+                                    model = found
+                                    dialect.response_model = found.decode()
+                                kind, visible = table[kind]
+                                times.append(t_ns)
+                                sizes.append(len(block) - m.start(1))
+                                kinds.append(kind)
+                                chars += n
+                                if visible and first_text is None:
+                                    first_text = t_ns
+                                continue
+                        model = None  # on_event may set the model: the next quick event sets it again
+                        for event, payload in feed(block + b"\n\n"):
+                            delta = on_event(payload, event)
+                            if delta is not None:
+                                kind, visible, n = delta
+                                times.append(t_ns)
+                                sizes.append(len(payload))
+                                kinds.append(kind)
+                                chars += n
+                                if visible and first_text is None:
+                                    first_text = t_ns
+                    continue
                 for event, payload in feed(data):
                     delta = on_event(payload, event)
                     if delta is not None:
+                        kind, visible, n = delta
                         times.append(t_ns)
                         sizes.append(len(payload))
-                        kinds.append(delta.event_type)
-                        chars += delta.chars
-                        if delta.visible and self.first_text is None:
-                            self.first_text = t_ns
+                        kinds.append(kind)
+                        chars += n
+                        if visible and first_text is None:
+                            first_text = t_ns
         finally:
             self.chars += chars
+            self.first_text = first_text
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
 
@@ -264,7 +314,8 @@ class Meter:
         self.response_bytes += len(payload)
         delta = self.dialect.on_event(payload, None)
         if delta is not None:
-            self._output(delta.event_type, delta.visible, delta.chars, len(payload), t_ns)
+            kind, visible, chars = delta
+            self._output(kind, visible, chars, len(payload), t_ns)
 
     def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
         self.times.append(t_ns)

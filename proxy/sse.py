@@ -13,6 +13,18 @@ DEFAULT_MAX_EVENT_BYTES = 32 * 1024 * 1024
 
 Event = tuple[str | None, bytes]
 
+_NAMES: dict[bytes, str] = {}  # event names decoded once: a stream repeats a handful
+_MAX_NAMES = 512
+
+
+def _name(raw: bytes) -> str:
+    name = _NAMES.get(raw)
+    if name is None:
+        name = raw.decode("utf-8", "replace")
+        if len(_NAMES) < _MAX_NAMES and len(raw) <= 64:
+            _NAMES[raw] = name
+    return name
+
 
 class SSEParser:
     """Split a byte stream into (event name or None, data) events.
@@ -26,6 +38,7 @@ class SSEParser:
     __slots__ = (
         "max_event_bytes",
         "oversized",
+        "idle",
         "_tail",
         "_tail_len",
         "_data",
@@ -47,6 +60,9 @@ class SSEParser:
         self._skipping = False  # inside an oversized event: drop until blank line
         self._cr_pending = False  # last read ended in CR: a leading LF is its pair
         self._head: bytes | None = b""  # first bytes, until the BOM is ruled out
+        # Between events with nothing pending, the BOM ruled out: a read that ends with a blank line
+        # can then be split at its blank lines, each block one event's lines (proxy/meter.py does).
+        self.idle = False
 
     def feed(self, chunk: bytes) -> list[Event]:
         if self._head is not None:
@@ -55,6 +71,7 @@ class SSEParser:
             return []
         if (chunk[-2:] == b"\n\n" and not self._tail and not self._data and not self._cr_pending
                 and self._event is None and not self._skipping and b"\r" not in chunk):
+            self.idle = True  # whole events leave nothing pending
             return self._whole_events(chunk)
         if self._cr_pending and chunk[0] == 10:
             chunk = chunk[1:]
@@ -73,6 +90,7 @@ class SSEParser:
                 self._line(line, events)
         if last:
             self._keep_tail(last)
+        self.idle = not (self._tail or self._data or self._cr_pending or self._skipping) and self._event is None
         return events
 
     def _whole_events(self, chunk: bytes) -> list[Event]:
@@ -87,7 +105,7 @@ class SSEParser:
             if block[:7] == b"event: " and block.count(b"\n") == 1:
                 head, _, data = block.partition(b"\n")
                 if data[:6] == b"data: " and len(data) - 5 <= limit and len(head) > 7:
-                    events.append((head[7:].decode("utf-8", "replace"), data[6:]))
+                    events.append((_name(head[7:]), data[6:]))
                     continue
             for line in block.split(b"\n"):
                 self._line(line, events)
@@ -139,8 +157,7 @@ class SSEParser:
             else:
                 self._data.append(value)
         elif line[:6] == b"event:":
-            name = line[7:] if line[6:7] == b" " else line[6:]
-            self._event = name.decode("utf-8", "replace")
+            self._event = _name(line[7:] if line[6:7] == b" " else line[6:])
         elif line == b"data":  # a field name without a colon has an empty value
             self._data.append(b"")
         elif line == b"event":

@@ -509,7 +509,7 @@ def test_mutated_events_never_raise(cls):
         event = mutate(rng.choice(events), rng)
         data = orjson.dumps(event)
         result = dialect.on_event(data, None)
-        assert result is None or isinstance(result, Delta)
+        assert result is None or (type(result) is tuple and Delta(*result) == result)
         dialect.on_body(data)
     big = b'{"usage": {"prompt_tokens": 123456789012345678901234567890}, "choices": []}'
     assert dialect.on_event(big, None) is None

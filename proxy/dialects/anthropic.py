@@ -15,13 +15,21 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+from proxy.dialects.base import NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 _DELTAS = {
     "text_delta": ("text", "text", True),
     "thinking_delta": ("thinking", "reasoning", False),
     "input_json_delta": ("partial_json", "tool_args", False),
 }
+
+# The quick pattern (proxy/dialects/base.py): a content_block_delta as Anthropic sends it.
+_QUICK_KINDS = {b'text_delta","text': ("text", True), b'thinking_delta","thinking': ("reasoning", False),
+                b'input_json_delta","partial_json': ("tool_args", False)}
+_QUICK = quick_pattern(
+    rb'\{"type":"content_block_delta","index":' + NUMBER + rb',"delta":\{"type":"(?P<kind>'
+    + b"|".join(_QUICK_KINDS) + rb')":"' + TEXT + rb'"\}\}',
+    rb"content_block_delta", _QUICK_KINDS)
 
 _FIELDS = {
     "input_tokens": "input",
@@ -36,6 +44,7 @@ class Anthropic(Dialect):
     name: ClassVar[str] = "anthropic"
     strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
+    quick: ClassVar[Quick | None] = _QUICK
     # The raw counts as last reported, before summing into `usage`.
     raw_usage: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -102,4 +111,4 @@ def _delta(delta: dict[str, Any]) -> Delta | None:
     value = as_str(delta.get(key))
     if not value:
         return None
-    return Delta(kind, visible, len(value))
+    return kind, visible, len(value)  # type: ignore[return-value]  # a Delta's tuple

@@ -8,21 +8,40 @@ model, finish reason, errors, and whether the terminal event was seen.
 
 Dialects never raise on bad input: a malformed event increments
 `parse_errors` and keeps the first message in `parse_error`.
+
+The events most of a stream is made of (a text, thinking or tool-arguments
+delta) are read without parsing their JSON: a dialect's quick pattern (`Quick`)
+matches such an event whole (every byte of it: its keys in the order the API
+sends them, its numbers, its strings), so a match proves it is valid JSON of
+that shape, and its output is its string's characters (`text_chars`). An event
+that does not match, or whose string has a `\\u` escape or invalid UTF-8, is
+parsed in full: the shortcut gives the same result as the full parse or none
+(tests/test_dialect_quick.py checks both against each other). Events that can
+carry usage, a finish reason, an error or the terminal event never match a
+quick pattern (a chat chunk's model is read from its match). The meter tries
+the pattern on each event of a read of whole SSE events, with its framing
+(`event:` and `data:` lines), before any splitting: a `Quick` says what a match
+means (event_type, visible, chars, the model), so no dialect code runs for it.
+OpenAIChat.on_event also tries it on the event's data (a chat chunk is long:
+the match costs less than its parse); for the others the parse costs no more.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
 from ..schema import ERROR_MESSAGE_MAX
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass is three times slower to make, once per event
-class Delta:
-    """One output-carrying event.
+class Delta(NamedTuple):
+    """One output-carrying event. Dialects return it as the plain tuple (event_type, visible,
+    chars), which equals the Delta: a tuple costs a quarter of a NamedTuple or a dataclass to
+    make, once per event.
 
     event_type: a short stable name for the chunk table: "text",
         "reasoning" (thinking, reasoning summaries), "tool_args" (tool names,
@@ -36,6 +55,50 @@ class Delta:
     event_type: str
     visible: bool
     chars: int
+
+
+# Pieces of the quick patterns (see the module docstring). Each matches exactly what JSON allows
+# (RFC 8259), or less: less only sends an event to the full parse.
+NUMBER = rb"(?:0|[1-9][0-9]{0,17})"  # a non-negative integer orjson reads (under 2**63)
+ASCII = rb'"[ !#-\[\]-~]*"'  # a string of printable ASCII without escapes: valid as it stands
+# The inside of a string: no quote, backslash or control character but in an escape; `\u` escapes
+# are left to the full parse (a surrogate pair is one character). Bytes past ASCII are checked as
+# UTF-8 by text_chars.
+TEXT = rb'(?P<text>[^"\\\x00-\x1f]*(?:\\["\\/bfnrt][^"\\\x00-\x1f]*)*)'
+
+class Quick(NamedTuple):
+    """A dialect's quick pattern (see the module docstring), compiled from the pattern of one
+    event's JSON, with named groups `kind` (a key of `kinds`), `text` (TEXT) and, for a dialect
+    whose quick events carry the model, `model`. A match is an output event of `kinds[kind]`
+    with `text_chars` characters (none: parse the event instead), whose data is the block from
+    group 1 on; a non-empty `model` group is the response's model, as a parse would set it."""
+
+    event: Callable[[bytes], re.Match[bytes] | None]  # fullmatch of the JSON (SSE data, WebSocket frame)
+    block: Callable[[bytes], re.Match[bytes] | None]  # fullmatch of an SSE block: its group 1 is the data
+    kinds: dict[bytes, tuple[str, bool]]  # the `kind` group (always one of these) -> (event_type, visible)
+    model: bool  # the pattern has a `model` group
+
+
+def quick_pattern(event_json: bytes, sse_name: bytes, kinds: dict[bytes, tuple[str, bool]]) -> Quick:
+    """A Quick from the pattern of an event's JSON: its SSE block is `data: <json>`, after an
+    optional `event: <name>` line (`sse_name` a pattern; the JSON's `type` decides, never the name)."""
+    block = re.compile(rb"(?:event: " + sse_name + rb"\n)?data: (" + event_json + rb")")
+    event = re.compile(event_json)
+    return Quick(event.fullmatch, block.fullmatch, kinds, "model" in event.groupindex)
+
+
+def text_chars(match: re.Match[bytes]) -> int:
+    """Characters of a quick match's string (its TEXT group), as orjson would decode it; 0 when it
+    is empty or not valid UTF-8 (orjson rejects the event then): parse the event in full.
+    (Meter._events has the same lines inline: they run once per event.)"""
+    text = match["text"]
+    try:
+        chars = len(text.decode())
+    except UnicodeDecodeError:
+        return 0
+    if b"\\" in text:  # each escape is two bytes for one character
+        chars -= text.count(b"\\") - text.count(b"\\\\")  # a run of k backslashes holds ceil(k/2) escapes
+    return chars
 
 
 @dataclass(slots=True)
@@ -78,6 +141,10 @@ class Dialect:
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         """One complete SSE event (data lines joined) or WebSocket text frame."""
         return None
+
+    # The dialect's quick pattern (see the module docstring), for the meter to read the events of a
+    # read of whole SSE events with (proxy/meter.py: Meter._events); None: every event is parsed.
+    quick: ClassVar[Quick | None] = None
 
     # The generic dialect claims no format: a body that is not JSON is no parse error for it.
     strict_json: ClassVar[bool] = False

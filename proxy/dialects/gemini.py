@@ -65,7 +65,7 @@ class Gemini(Dialect):
                         kind = k
         if kind is None:
             return None
-        return Delta(kind, kind == "text", chars)
+        return kind, kind == "text", chars  # type: ignore[return-value]  # a Delta's tuple
 
 
 def _part(part: dict[str, Any]) -> tuple[str, int]:

@@ -14,11 +14,24 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern, text_chars
 
 # When one event carries several kinds of output, it is reported as the most
 # visible one, with the characters of all of them.
 _RANK = {"text": 0, "refusal": 1, "tool_args": 2, "reasoning": 3}
+
+
+# The quick pattern (proxy/dialects/base.py): a chunk of one output delta as OpenAI sends it
+# (service_tier, system_fingerprint, logprobs, usage and obfuscation when sent; DeepSeek's and
+# OpenRouter's reasoning keys), no usage and no finish reason: it sets the model, nothing else.
+_QUICK_KINDS = {b"content": ("text", True), b"refusal": ("refusal", True),
+                b"reasoning_content": ("reasoning", False), b"reasoning": ("reasoning", False)}
+_QUICK = quick_pattern(
+    rb'\{"id":' + ASCII + rb',"object":"chat\.completion\.chunk","created":' + NUMBER
+    + rb',"model":"(?P<model>[ !#-\[\]-~]*)"(?:,"service_tier":' + ASCII + rb')?(?:,"system_fingerprint":' + ASCII
+    + rb')?,"choices":\[\{"index":' + NUMBER + rb',"delta":\{"(?P<kind>' + b"|".join(_QUICK_KINDS) + rb')":"' + TEXT
+    + rb'"\}(?:,"logprobs":null)?,"finish_reason":null\}\](?:,"usage":null)?(?:,"obfuscation":' + ASCII + rb')?\}',
+    rb"[a-z_.]+", _QUICK_KINDS)
 
 
 @dataclass(slots=True)
@@ -26,11 +39,18 @@ class OpenAIChat(Dialect):
     name: ClassVar[str] = "openai_chat"
     strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
+    quick: ClassVar[Quick | None] = _QUICK
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         if data[:1] != b"{" and data.strip() == b"[DONE]":
             self.terminal = True
             return None
+        m = _QUICK.event(data)
+        if m is not None and (chars := text_chars(m)):
+            kind, visible = _QUICK_KINDS[m["kind"]]
+            if model := m["model"]:
+                self.response_model = model.decode()
+            return kind, visible, chars  # type: ignore[return-value]  # a Delta's tuple
         try:
             obj = loads(data)
             plain = _plain_text(obj)
@@ -39,7 +59,7 @@ class OpenAIChat(Dialect):
             model, chars = plain
             if model:
                 self.response_model = model
-            return Delta("text", True, chars)
+            return "text", True, chars  # type: ignore[return-value]  # a Delta's tuple
         except Exception as exc:
             self.note_exception("event", exc)
             return None
@@ -68,7 +88,7 @@ class OpenAIChat(Dialect):
                         kind = k
         if kind is None:
             return None
-        return Delta(kind, kind == "text" or kind == "refusal", chars)
+        return kind, kind == "text" or kind == "refusal", chars  # type: ignore[return-value]  # a Delta's tuple
 
     def _common(self, obj: dict[str, Any]) -> Any:
         """Model, usage and finish reason, shared by chunks and whole bodies."""

@@ -8,12 +8,13 @@ top-level `error` event; usage is on the response object of the first three.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 # type -> (Delta.event_type, visible). "audio" counts base64 characters and
 # "transcript" the text of generated speech; neither is read as text.
@@ -30,6 +31,15 @@ _OUTPUT: dict[str, tuple[str, bool]] = {
     "response.audio.transcript.delta": ("transcript", False),
 }
 
+# The quick pattern (proxy/dialects/base.py): a `*.delta` event as OpenAI sends it (the index
+# fields of text, reasoning summaries and tool arguments; logprobs and obfuscation when sent).
+_QUICK_KINDS = {kind.encode(): output for kind, output in _OUTPUT.items()}
+_QUICK = quick_pattern(
+    rb'\{"type":"(?P<kind>' + b"|".join(re.escape(kind) for kind in _QUICK_KINDS) + rb')","sequence_number":'  + NUMBER + rb',"item_id":' + ASCII
+    + rb',"output_index":' + NUMBER + rb'(?:,"(?:content|summary)_index":' + NUMBER + rb')?,"delta":"' + TEXT
+    + rb'"(?:,"logprobs":\[\])?(?:,"obfuscation":' + ASCII + rb')?\}',
+    rb"response\.[a-z_.]+", _QUICK_KINDS)
+
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
 
@@ -39,6 +49,7 @@ class OpenAIResponses(Dialect):
     name: ClassVar[str] = "openai_responses"
     strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
+    quick: ClassVar[Quick | None] = _QUICK
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         try:
@@ -47,7 +58,7 @@ class OpenAIResponses(Dialect):
             output = _OUTPUT.get(kind)
             if output is not None:
                 delta = as_str(obj.get("delta"))
-                return Delta(output[0], output[1], len(delta)) if delta else None
+                return (output[0], output[1], len(delta)) if delta else None  # type: ignore[return-value]
             self._structural(kind, obj)
         except Exception as exc:
             self.note_exception("event", exc)
