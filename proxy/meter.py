@@ -27,6 +27,7 @@ import os
 import random
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
+from itertools import repeat
 from typing import Any
 
 from multidict import CIMultiDictProxy
@@ -179,12 +180,14 @@ class Meter:
         time, and parsed with the next reads (see `drain`)."""
         if self.first_byte is None:
             self.first_byte = t_ns
-        self.response_bytes += len(data)
+        size = len(data)
+        self.response_bytes += size
         if self._decoder is None:
             return
-        self._pending.append((data, t_ns))
-        self._pending_bytes += len(data)
-        if len(self._pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES:
+        pending = self._pending
+        pending.append((data, t_ns))
+        self._pending_bytes += size
+        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES:
             self.drain()
 
     def drain(self) -> None:
@@ -465,9 +468,9 @@ class Meter:
         return ratelimits.parse(found, retry, (found or {}).get("retry-after-ms"), at)
 
     def _chunk_rows(self) -> list[tuple]:
-        rid, r = self.id, self.received
-        chunks = [(rid, i, (t - r) / 1e6, size, kind)
-                  for i, (t, size, kind) in enumerate(zip(self.times, self.sizes, self.kinds))]
+        rid, r, times = self.id, self.received, self.times
+        # (request id, seq, offset in ms, size, kind): tuples made by zip, one Python step per chunk
+        chunks = list(zip(repeat(rid), range(len(times)), [(t - r) / 1e6 for t in times], self.sizes, self.kinds))
         if self._last_event is not None:  # past the cap: the last event's row too, with its own seq
             t, size, kind = self._last_event
             chunks.append((rid, len(self.times) + self._over - 1, (t - r) / 1e6, size, kind))
