@@ -16,7 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import conn_timing
-from .body_pipe import BodyPipe, can_pipe
+from .body_pipe import BodyPipe, can_pipe, give_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
@@ -233,13 +233,17 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     if "Origin" in request.headers:  # a page of an allowed origin (guard.py refused the others) reads it
         for name, value in request.app[STATE].guard.cors_headers(request).items():
             headers.setdefault(name, value)
-    out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    out = _Answer(status=upstream.status, reason=upstream.reason, headers=headers)
     await out.prepare(request)
+    content = upstream.content
     try:
-        if can_pipe(upstream.content):
-            await BodyPipe(request, upstream.content, meter).relay()
+        if content.is_eof():  # the whole body came with the headers (most non-streaming answers)
+            return await _answer_at_once(content, out, meter)
+        request.writer.send_headers()  # type: ignore[attr-defined]
+        if can_pipe(content):
+            await BodyPipe(request, content, meter).relay()
         else:
-            await _read_and_write(upstream.content, out, meter)
+            await _read_and_write(content, out, meter)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
         raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
@@ -252,6 +256,23 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     return out
 
 
+class _Answer(web.StreamResponse):
+    """The relayed response. Its headers wait for the first write (as `web.Response`'s do), so a body
+    that came whole with the upstream's headers leaves in one write with them; a streamed body sends
+    them at once (`send_headers`)."""
+
+    _send_headers_immediately = False
+
+
+async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> web.StreamResponse:
+    data = content.read_nowait()
+    t = perf_counter_ns()
+    await out.write_eof(data)  # the headers, the body and (chunked) its last chunk, in one write
+    if meter is not None and data:
+        give_meter(meter, data, t)
+    return out
+
+
 async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
     """The body read by read and written to the client: for the readers `BodyPipe` does not take
     (aiohttp's empty reader, or a reader another version of aiohttp shapes differently)."""
@@ -259,10 +280,7 @@ async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse
         t = perf_counter_ns()
         await out.write(data)
         if meter is not None:
-            try:
-                meter.on_chunk(data, t)
-            except Exception as exc:  # measuring never breaks traffic
-                meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+            give_meter(meter, data, t)
 
 
 def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:
