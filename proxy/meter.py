@@ -54,6 +54,8 @@ PENDING_BYTES = 256 * 1024
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
 MAX_EVENTS_KEPT = 20_000
+# Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
+QUICK_GIVE_UP = 32
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -72,7 +74,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_sse", "broken", "captured", "chars", "connection",
+        "_quick", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -97,6 +99,8 @@ class Meter:
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
+        self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
+        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_tally)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
@@ -228,12 +232,13 @@ class Meter:
         read) and its events handed to `on_event`, in the stream's order. Any other read is fed to
         the parser whole. Either way each event comes out as feeding every read would make it."""
         dialect = self.dialect
-        feed, on_event, limit, quick = sse.feed, dialect.on_event, sse.max_event_bytes, dialect.quick
+        feed, on_event, limit, quick = sse.feed, dialect.on_event, sse.max_event_bytes, self._quick
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
         first_text = self.first_text
         if quick is not None:
             match, table, sets_model = quick.block, quick.kinds, quick.model
+        before, missed, fed = len(times), 0, 0  # output events so far; new ones the pattern missed, not tried
         try:
             for data, t_ns in reads:
                 if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
@@ -264,6 +269,7 @@ class Meter:
                         for event, payload in feed(block + b"\n\n"):
                             delta = on_event(payload, event)
                             if delta is not None:
+                                missed += 1
                                 kind, visible, n = delta
                                 times.append(t_ns)
                                 sizes.append(len(payload))
@@ -275,6 +281,7 @@ class Meter:
                 for event, payload in feed(data):
                     delta = on_event(payload, event)
                     if delta is not None:
+                        fed += 1
                         kind, visible, n = delta
                         times.append(t_ns)
                         sizes.append(len(payload))
@@ -285,8 +292,19 @@ class Meter:
         finally:
             self.chars += chars
             self.first_text = first_text
+            if quick is not None:
+                self._quick_tally(missed, len(times) - before - missed - fed)
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
+
+    def _quick_tally(self, missed: int, matched: int) -> None:
+        """After a batch of reads, the output events the quick pattern missed and matched: a stream
+        whose events it keeps missing (an API that copies another's with fields of its own, say)
+        stops trying it, a miss costing a match on top of the parse. The answer is the same either
+        way; only its cost changes."""
+        self._quick_misses = max(0, self._quick_misses + missed - matched)
+        if self._quick_misses >= QUICK_GIVE_UP:
+            self._quick = None
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:

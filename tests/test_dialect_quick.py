@@ -459,3 +459,29 @@ def test_the_model_is_the_last_one_sent_within_a_read():
         with full_parse_only():
             assert meter_row(openai_chat.OpenAIChat, reads) == fast
     assert meter_row(openai_chat.OpenAIChat, [b"data: [DONE]\n\n", read])[0]["response_model"] == "a"
+
+
+def test_a_stream_the_pattern_keeps_missing_stops_trying_it():
+    """vLLM's chunks carry a `stop_reason` of their own: the pattern misses every one; the rows are the
+    same as ever, and the stream gives up matching after a few (only the cost changes)."""
+    chunk = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+             b'"delta":{"content":"tok"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
+    reads = [chunk] * 100
+    fast = meter_row(openai_chat.OpenAIChat, reads)
+    with full_parse_only():
+        assert meter_row(openai_chat.OpenAIChat, reads) == fast
+    m = Meter(received_ns=0, method="POST", path="/v1/chat/completions", query={},
+              headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag=None)
+    m.response_started(200, CIMultiDictProxy(CIMultiDict({"content-type": "text/event-stream"})), 1000)
+    for i, read in enumerate(reads):
+        m.on_chunk(read, 2000 + i)
+    m.drain()
+    assert m._quick is None and m.output_events == 100
+    plain = chunk.replace(b',"stop_reason":null', b"")
+    m = Meter(received_ns=0, method="POST", path="/v1/chat/completions", query={},
+              headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag=None)
+    m.response_started(200, CIMultiDictProxy(CIMultiDict({"content-type": "text/event-stream"})), 1000)
+    for i, read in enumerate([plain, chunk] * 100):  # every other event missed: it keeps trying
+        m.on_chunk(read, 2000 + i)
+    m.drain()
+    assert m._quick is not None and m.output_events == 200
