@@ -17,7 +17,9 @@ The streams are the shapes real servers send (docs: ../shared/reference/llm-wire
 - openai_responses: response.created, in_progress, output_item.added, reasoning summary deltas,
   output_text deltas with sequence numbers and obfuscation, the .done events, response.completed
   with usage;
-- gemini: whole GenerateContentResponse chunks, each with its usageMetadata.
+- gemini: whole GenerateContentResponse chunks, each with its usageMetadata;
+- chat (vLLM shape): the chat stream with a field of its own in each choice, which the meter's quick
+  pattern does not know: every event parsed, as for any API of a shape it has no pattern for.
 
 Run: python benchmarks/parse_cost.py [--events N] [--chunks N] [--repeats N]
 """
@@ -69,6 +71,12 @@ def chat_stream(n: int) -> list[bytes]:
                                       "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}}))
     out.append(b"data: [DONE]\n\n")
     return out
+
+
+def vllm_stream(n: int) -> list[bytes]:
+    """Chat chunks of another shape (vLLM's `stop_reason` in each choice): the quick pattern misses
+    them, the meter parses every event (what the shortcut costs a stream it does not fit)."""
+    return [r.replace(b'"finish_reason":null}', b'"finish_reason":null,"stop_reason":null}') for r in chat_stream(n)]
 
 
 def anthropic_stream(n: int) -> list[bytes]:
@@ -144,6 +152,7 @@ def gemini_stream(n: int) -> list[bytes]:
 
 STREAMS: list[tuple[type[Dialect], Callable[[int], list[bytes]], str]] = [
     (OpenAIChat, chat_stream, "/v1/chat/completions"),
+    (OpenAIChat, vllm_stream, "/v1/chat/completions"),
     (Anthropic, anthropic_stream, "/v1/messages"),
     (OpenAIResponses, responses_stream, "/v1/responses"),
     (Gemini, gemini_stream, "/v1beta/models/gemini-2.5-flash:streamGenerateContent"),
@@ -225,7 +234,8 @@ def main() -> None:
             k -= 1
         chunks = build(k)
         meter, finish = measure_meter(path, chunks, args.repeats * 5)
-        print(f"{cls.name:<18}{n:>7}{size:>10.0f}{sse:>9.2f}{dialect:>12.2f}{both:>9.2f}{meter:>16.2f}{finish:>14.2f}")
+        label = cls.name if build is not vllm_stream else "chat (vLLM shape)"
+        print(f"{label:<18}{n:>7}{size:>10.0f}{sse:>9.2f}{dialect:>12.2f}{both:>9.2f}{meter:>16.2f}{finish:>14.2f}")
 
 
 if __name__ == "__main__":

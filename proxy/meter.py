@@ -55,7 +55,7 @@ PENDING_BYTES = 256 * 1024
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
 MAX_EVENTS_KEPT = 20_000
 # Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
-QUICK_GIVE_UP = 32
+QUICK_GIVE_UP = 8
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -100,7 +100,7 @@ class Meter:
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
         self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
-        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_tally)
+        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_gives_up)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
@@ -248,7 +248,7 @@ class Meter:
                         if m is not None:
                             kind, text = m.group("kind", "text")
                             try:
-                                n = len(text.decode())  # text_chars, inline
+                                n = len(text.decode())  # the characters (base.Quick says how)
                             except UnicodeDecodeError:
                                 n = 0
                             if n:
@@ -277,6 +277,8 @@ class Meter:
                                 chars += n
                                 if visible and first_text is None:
                                     first_text = t_ns
+                        if missed and self._quick_gives_up(missed, len(times) - before - missed - fed):
+                            quick = None  # the next reads are fed whole
                     continue
                 for event, payload in feed(data):
                     delta = on_event(payload, event)
@@ -293,18 +295,19 @@ class Meter:
             self.chars += chars
             self.first_text = first_text
             if quick is not None:
-                self._quick_tally(missed, len(times) - before - missed - fed)
+                self._quick_misses = max(0, self._quick_misses + missed - (len(times) - before - missed - fed))
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
 
-    def _quick_tally(self, missed: int, matched: int) -> None:
-        """After a batch of reads, the output events the quick pattern missed and matched: a stream
-        whose events it keeps missing (an API that copies another's with fields of its own, say)
-        stops trying it, a miss costing a match on top of the parse. The answer is the same either
-        way; only its cost changes."""
-        self._quick_misses = max(0, self._quick_misses + missed - matched)
-        if self._quick_misses >= QUICK_GIVE_UP:
-            self._quick = None
+    def _quick_gives_up(self, missed: int, matched: int) -> bool:
+        """Whether the stream stops trying its dialect's quick pattern, given the output events of
+        this batch of reads it missed and matched so far: a stream whose events it keeps missing (an
+        API that copies another's with fields of its own, say) does, a miss costing a match on top of
+        the parse. The answer is the same either way; only its cost changes."""
+        if self._quick_misses + missed - matched < QUICK_GIVE_UP:
+            return False
+        self._quick = None
+        return True
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:

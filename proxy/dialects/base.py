@@ -11,19 +11,19 @@ Dialects never raise on bad input: a malformed event increments
 
 The events most of a stream is made of (a text, thinking or tool-arguments
 delta) are read without parsing their JSON: a dialect's quick pattern (`Quick`)
-matches such an event whole (every byte of it: its keys in the order the API
-sends them, its numbers, its strings), so a match proves it is valid JSON of
-that shape, and its output is its string's characters (`text_chars`). An event
-that does not match, or whose string has a `\\u` escape or invalid UTF-8, is
-parsed in full: the shortcut gives the same result as the full parse or none
-(tests/test_dialect_quick.py checks both against each other). Events that can
-carry usage, a finish reason, an error or the terminal event never match a
-quick pattern (a chat chunk's model is read from its match). The meter tries
-the pattern on each event of a read of whole SSE events, with its framing
-(`event:` and `data:` lines), before any splitting: a `Quick` says what a match
-means (event_type, visible, chars, the model), so no dialect code runs for it.
-OpenAIChat.on_event also tries it on the event's data (a chat chunk is long:
-the match costs less than its parse); for the others the parse costs no more.
+matches such an event whole, its SSE framing included (every byte of it: its
+keys in the order the API sends them, its numbers, its strings), so a match
+proves it is valid JSON of that shape, and its output is its string's
+characters, counted from the match. An event that does not match, or whose
+string has a `\\u` escape or invalid UTF-8, is parsed in full: the shortcut
+gives the same result as the full parse or none (tests/test_dialect_quick.py
+checks both against each other). Events that can carry usage, a finish reason,
+an error or the terminal event never match a quick pattern (a chat chunk's
+model is read from its match). The meter applies the pattern to each event of
+a read of whole SSE events, before any splitting (proxy/meter.py, Meter._events):
+no dialect code runs for a match. `on_event` always parses: on an event
+already cut out (a WebSocket frame, an event split across reads) a match costs
+about what the parse does, and a miss would cost both.
 """
 
 from __future__ import annotations
@@ -63,18 +63,20 @@ NUMBER = rb"(?:0|[1-9][0-9]{0,17})"  # a non-negative integer orjson reads (unde
 ASCII = rb'"[ !#-\[\]-~]*"'  # a string of printable ASCII without escapes: valid as it stands
 # The inside of a string: no quote, backslash or control character but in an escape; `\u` escapes
 # are left to the full parse (a surrogate pair is one character). Bytes past ASCII are checked as
-# UTF-8 by text_chars.
+# UTF-8 when the text is decoded (Quick).
 TEXT = rb'(?P<text>[^"\\\x00-\x1f]*(?:\\["\\/bfnrt][^"\\\x00-\x1f]*)*)'
 
 class Quick(NamedTuple):
-    """A dialect's quick pattern (see the module docstring), compiled from the pattern of one
-    event's JSON, with named groups `kind` (a key of `kinds`), `text` (TEXT) and, for a dialect
-    whose quick events carry the model, `model`. A match is an output event of `kinds[kind]`
-    with `text_chars` characters (none: parse the event instead), whose data is the block from
-    group 1 on; a non-empty `model` group is the response's model, as a parse would set it."""
+    """A dialect's quick pattern (see the module docstring): the fullmatch of one SSE event block
+    (its `event:` and `data:` lines, without the blank line after them) compiled from the pattern
+    of its JSON, with named groups `kind` (a key of `kinds`), `text` (TEXT) and, for a dialect whose
+    quick events carry the model, `model`. A match is an output event of `kinds[kind]` whose data
+    is the block from group 1 on, and whose characters are those of `text` decoded as UTF-8, less
+    one per escape (two bytes each, a run of k backslashes holding ceil(k/2) of them); when that
+    decoding fails or the text is empty, the block is parsed instead. A non-empty `model` group is
+    the response's model, as a parse would set it."""
 
-    event: Callable[[bytes], re.Match[bytes] | None]  # fullmatch of the JSON (SSE data, WebSocket frame)
-    block: Callable[[bytes], re.Match[bytes] | None]  # fullmatch of an SSE block: its group 1 is the data
+    block: Callable[[bytes], re.Match[bytes] | None]
     kinds: dict[bytes, tuple[str, bool]]  # the `kind` group (always one of these) -> (event_type, visible)
     model: bool  # the pattern has a `model` group
 
@@ -83,22 +85,7 @@ def quick_pattern(event_json: bytes, sse_name: bytes, kinds: dict[bytes, tuple[s
     """A Quick from the pattern of an event's JSON: its SSE block is `data: <json>`, after an
     optional `event: <name>` line (`sse_name` a pattern; the JSON's `type` decides, never the name)."""
     block = re.compile(rb"(?:event: " + sse_name + rb"\n)?data: (" + event_json + rb")")
-    event = re.compile(event_json)
-    return Quick(event.fullmatch, block.fullmatch, kinds, "model" in event.groupindex)
-
-
-def text_chars(match: re.Match[bytes]) -> int:
-    """Characters of a quick match's string (its TEXT group), as orjson would decode it; 0 when it
-    is empty or not valid UTF-8 (orjson rejects the event then): parse the event in full.
-    (Meter._events has the same lines inline: they run once per event.)"""
-    text = match["text"]
-    try:
-        chars = len(text.decode())
-    except UnicodeDecodeError:
-        return 0
-    if b"\\" in text:  # each escape is two bytes for one character
-        chars -= text.count(b"\\") - text.count(b"\\\\")  # a run of k backslashes holds ceil(k/2) escapes
-    return chars
+    return Quick(block.fullmatch, kinds, "model" in block.groupindex)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern, text_chars
+from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 # When one event carries several kinds of output, it is reported as the most
 # visible one, with the characters of all of them.
@@ -45,12 +45,6 @@ class OpenAIChat(Dialect):
         if data[:1] != b"{" and data.strip() == b"[DONE]":
             self.terminal = True
             return None
-        m = _QUICK.event(data)
-        if m is not None and (chars := text_chars(m)):
-            kind, visible = _QUICK_KINDS[m["kind"]]
-            if model := m["model"]:
-                self.response_model = model.decode()
-            return kind, visible, chars  # type: ignore[return-value]  # a Delta's tuple
         try:
             obj = loads(data)
             plain = _plain_text(obj)
