@@ -42,7 +42,7 @@ from proxy.store import Store
 
 
 def request_row(i: int) -> dict[str, Any]:
-    return {
+    row = {
         "id": f"req_{i:010d}", "started_at": dt.datetime.now(dt.timezone.utc), "route": "openai",
         "upstream_host": "api.openai.com", "method": "POST", "path": "/v1/chat/completions",
         "dialect": "openai_chat", "tool": "python-openai", "user_agent": "OpenAI/Python 1.54.0",
@@ -58,6 +58,8 @@ def request_row(i: int) -> dict[str, Any]:
         "output_tokens": 256, "cache_read_tokens": 0, "cache_creation_tokens": None,
         "reasoning_tokens": 0, "tokens_source": "usage",
     }
+    # every later column (kind, the breakdown, rate limits, ...) as NULL: a full row, as the meter's are
+    return {name: row.get(name) for name, _ in REQUEST_COLUMNS}
 
 
 def chunk_rows(request_id: str, n: int) -> list[tuple[Any, ...]]:
