@@ -40,8 +40,8 @@ from ..schema import ERROR_MESSAGE_MAX
 
 class Delta(NamedTuple):
     """One output-carrying event. Dialects return it as the plain tuple (event_type, visible,
-    chars), which equals the Delta: a tuple costs a quarter of a NamedTuple or a dataclass to
-    make, once per event.
+    chars), which equals the Delta: made once per event, a tuple costs a fraction of a dataclass
+    (and of this NamedTuple, dearer still).
 
     event_type: a short stable name for the chunk table: "text",
         "reasoning" (thinking, reasoning summaries), "tool_args" (tool names,
@@ -65,6 +65,7 @@ ASCII = rb'"[ !#-\[\]-~]*"'  # a string of printable ASCII without escapes: vali
 # are left to the full parse (a surrogate pair is one character). Bytes past ASCII are checked as
 # UTF-8 when the text is decoded (Quick).
 TEXT = rb'(?P<text>[^"\\\x00-\x1f]*(?:\\["\\/bfnrt][^"\\\x00-\x1f]*)*)'
+
 
 class Quick(NamedTuple):
     """A dialect's quick pattern (see the module docstring): the fullmatch of one SSE event block
