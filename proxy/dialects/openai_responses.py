@@ -36,7 +36,8 @@ _OUTPUT: dict[str, tuple[str, bool]] = {
 _QUICK_KINDS = {kind.encode(): output for kind, output in _OUTPUT.items()}
 _QUICK = quick_pattern(
     rb'\{"type":"(?P<kind>' + b"|".join(re.escape(kind) for kind in _QUICK_KINDS)
-    + rb')","sequence_number":' + NUMBER + rb',"item_id":' + ASCII + rb',"output_index":' + NUMBER + rb'(?:,"(?:content|summary)_index":' + NUMBER + rb')?,"delta":"' + TEXT
+    + rb')","sequence_number":' + NUMBER + rb',"item_id":' + ASCII + rb',"output_index":' + NUMBER
+    + rb'(?:,"(?:content|summary)_index":' + NUMBER + rb')?,"delta":"' + TEXT
     + rb'"(?:,"logprobs":\[\])?(?:,"obfuscation":' + ASCII + rb')?\}',
     rb"response\.[a-z_.]+", _QUICK_KINDS)
 
