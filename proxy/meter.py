@@ -56,6 +56,8 @@ PENDING_BYTES = 256 * 1024
 MAX_EVENTS_KEPT = 20_000
 # Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
 QUICK_GIVE_UP = 8
+# No head matched yet: b"\n\n" begins no block of a read split at its blank lines (Meter._events).
+NO_HEAD: tuple[bytes, int, str, bool, int, str | None] = (b"\n\n", 0, "", False, 0, None)
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -74,7 +76,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_quick", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
+        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -101,6 +103,7 @@ class Meter:
         self.dialect: Dialect = detect_dialect(path)()
         self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
         self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_gives_up)
+        self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
@@ -228,25 +231,39 @@ class Meter:
         is split at its blank lines when the dialect has a quick pattern (proxy/dialects/base.py),
         each block one event's lines: a block the pattern matches (most of a stream: its text,
         thinking and tool-argument deltas) is an output event read from the match, no dialect code
-        run; any other block is fed to the parser (it is idle: the block is read as in the whole
-        read) and its events handed to `on_event`, in the stream's order. Any other read is fed to
-        the parser whole. Either way each event comes out as feeding every read would make it."""
+        run, and one that repeats the last match's head byte for byte has only its rest matched
+        (base.Quick); any other block is fed to the parser (it is idle: the block is read as in the
+        whole read) and its events handed to `on_event`, in the stream's order. Any other read is
+        fed to the parser whole. Either way each event comes out as feeding every read would make it."""
         dialect = self.dialect
         feed, on_event, limit, quick = sse.feed, dialect.on_event, sse.max_event_bytes, self._quick
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
         first_text = self.first_text
         if quick is not None:
-            match, table, sets_model = quick.block, quick.kinds, quick.model
+            match, rest, table, sets_model = quick
+            # The last head matched (base.Quick: its bytes, length, event_type, visible, where the data
+            # starts, the model), so a block that repeats it is matched from its text on.
+            head, at_text, head_kind, head_visible, head_data, head_model = self._quick_head
         before, missed, fed = len(times), 0, 0  # output events so far; new ones the pattern missed, not tried
         try:
             for data, t_ns in reads:
                 if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
-                    model = None  # the model the last quick event set
                     for block in data[:-2].split(b"\n\n"):
-                        m = match(block)
-                        if m is not None:
+                        if rest is not None and block.startswith(head) and (r := rest(block, at_text)) is not None:
+                            text, kind, visible, at, model = r[1], head_kind, head_visible, head_data, head_model
+                        elif (m := match(block)) is not None:
                             kind, text = m.group("kind", "text")
+                            kind, visible = table[kind]
+                            at = m.start(1)
+                            model = m["model"].decode() if sets_model and m["model"] else None
+                            if rest is not None:
+                                at_text = m.start("text")
+                                head, head_kind, head_visible, head_data, head_model = (
+                                    block[:at_text], kind, visible, at, model)
+                        else:
+                            text = None
+                        if text is not None:
                             try:
                                 n = len(text.decode())  # the characters (base.Quick says how)
                             except UnicodeDecodeError:
@@ -254,18 +271,15 @@ class Meter:
                             if n:
                                 if b"\\" in text:
                                     n -= text.count(b"\\") - text.count(b"\\\\")
-                                if sets_model and (found := m["model"]) and found != model:
-                                    model = found
-                                    dialect.response_model = found.decode()
-                                kind, visible = table[kind]
+                                if model:
+                                    dialect.response_model = model
                                 times.append(t_ns)
-                                sizes.append(len(block) - m.start(1))
+                                sizes.append(len(block) - at)
                                 kinds.append(kind)
                                 chars += n
                                 if visible and first_text is None:
                                     first_text = t_ns
                                 continue
-                        model = None  # on_event may set the model: the next quick event sets it again
                         for event, payload in feed(block + b"\n\n"):
                             delta = on_event(payload, event)
                             if delta is not None:
@@ -296,6 +310,7 @@ class Meter:
             self.first_text = first_text
             if quick is not None:
                 self._quick_misses = max(0, self._quick_misses + missed - (len(times) - before - missed - fed))
+                self._quick_head = head, at_text, head_kind, head_visible, head_data, head_model
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
 

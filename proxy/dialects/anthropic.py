@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 _DELTAS = {
     "text_delta": ("text", "text", True),
@@ -28,7 +28,7 @@ _QUICK_KINDS = {b'text_delta","text': ("text", True), b'thinking_delta","thinkin
                 b'input_json_delta","partial_json': ("tool_args", False)}
 _QUICK = quick_pattern(
     rb'\{"type":"content_block_delta","index":' + NUMBER + rb',"delta":\{"type":"(?P<kind>'
-    + b"|".join(_QUICK_KINDS) + rb')":"' + TEXT + rb'"\}\}',
+    + b"|".join(_QUICK_KINDS) + rb')":"', rb'"\}\}',
     rb"content_block_delta", _QUICK_KINDS)
 
 _FIELDS = {

@@ -68,25 +68,37 @@ TEXT = rb'(?P<text>[^"\\\x00-\x1f]*(?:\\["\\/bfnrt][^"\\\x00-\x1f]*)*)'
 
 
 class Quick(NamedTuple):
-    """A dialect's quick pattern (see the module docstring): the fullmatch of one SSE event block
-    (its `event:` and `data:` lines, without the blank line after them) compiled from the pattern
-    of its JSON, with named groups `kind` (a key of `kinds`), `text` (TEXT) and, for a dialect whose
-    quick events carry the model, `model`. A match is an output event of `kinds[kind]` whose data
-    is the block from group 1 on, and whose characters are those of `text` decoded as UTF-8, less
-    one per escape (two bytes each, a run of k backslashes holding ceil(k/2) of them); when that
+    """A dialect's quick pattern (see the module docstring), compiled from the pattern of one
+    event's JSON in two parts around its string: the head, with the named group `kind` (a key of
+    `kinds`) and, for a dialect whose quick events carry the model, `model`; TEXT (the group
+    `text`); the tail. `block` fullmatches one SSE event block (its `event:` and `data:` lines,
+    without the blank line after them); a match is an output event of `kinds[kind]` whose data is
+    the block from group 1 on, and whose characters are those of `text` decoded as UTF-8, less one
+    per escape (two bytes each, a run of k backslashes holding ceil(k/2) of them); when that
     decoding fails or the text is empty, the block is parsed instead. A non-empty `model` group is
-    the response's model, as a parse would set it."""
+    the response's model, as a parse would set it.
+
+    `rest` fullmatches TEXT and the tail from a position: a block that begins with the bytes an
+    earlier match's head matched (up to its `text` group) and whose rest matches is a match too,
+    with the same groups but `text` (a concatenation of what each part matches matches the whole);
+    the meter keeps the last head so, while it repeats (the same content block, the same chunk
+    id and model), only the rest is matched. None: the head changes with every event (a sequence
+    number in it), the whole pattern is matched each time."""
 
     block: Callable[[bytes], re.Match[bytes] | None]
+    rest: Callable[[bytes, int], re.Match[bytes] | None] | None
     kinds: dict[bytes, tuple[str, bool]]  # the `kind` group (always one of these) -> (event_type, visible)
-    model: bool  # the pattern has a `model` group
+    model: bool  # the head has a `model` group
 
 
-def quick_pattern(event_json: bytes, sse_name: bytes, kinds: dict[bytes, tuple[str, bool]]) -> Quick:
-    """A Quick from the pattern of an event's JSON: its SSE block is `data: <json>`, after an
-    optional `event: <name>` line (`sse_name` a pattern; the JSON's `type` decides, never the name)."""
-    block = re.compile(rb"(?:event: " + sse_name + rb"\n)?data: (" + event_json + rb")")
-    return Quick(block.fullmatch, kinds, "model" in block.groupindex)
+def quick_pattern(head: bytes, tail: bytes, sse_name: bytes, kinds: dict[bytes, tuple[str, bool]], *,
+                  steady_head: bool = True) -> Quick:
+    """A Quick from the pattern of an event's JSON, `head` TEXT `tail`: its SSE block is
+    `data: <json>`, after an optional `event: <name>` line (`sse_name` a pattern; the JSON's
+    `type` decides, never the name). `steady_head`: the head repeats from event to event."""
+    block = re.compile(rb"(?:event: " + sse_name + rb"\n)?data: (" + head + TEXT + tail + rb")")
+    rest = re.compile(TEXT + tail).fullmatch if steady_head else None
+    return Quick(block.fullmatch, rest, kinds, "model" in block.groupindex)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 # When one event carries several kinds of output, it is reported as the most
 # visible one, with the characters of all of them.
@@ -29,8 +29,8 @@ _QUICK_KINDS = {b"content": ("text", True), b"refusal": ("refusal", True),
 _QUICK = quick_pattern(
     rb'\{"id":' + ASCII + rb',"object":"chat\.completion\.chunk","created":' + NUMBER
     + rb',"model":"(?P<model>[ !#-\[\]-~]*)"(?:,"service_tier":' + ASCII + rb')?(?:,"system_fingerprint":' + ASCII
-    + rb')?,"choices":\[\{"index":' + NUMBER + rb',"delta":\{"(?P<kind>' + b"|".join(_QUICK_KINDS) + rb')":"' + TEXT
-    + rb'"\}(?:,"logprobs":null)?,"finish_reason":null\}\](?:,"usage":null)?(?:,"obfuscation":' + ASCII + rb')?\}',
+    + rb')?,"choices":\[\{"index":' + NUMBER + rb',"delta":\{"(?P<kind>' + b"|".join(_QUICK_KINDS) + rb')":"',
+    rb'"\}(?:,"logprobs":null)?,"finish_reason":null\}\](?:,"usage":null)?(?:,"obfuscation":' + ASCII + rb')?\}',
     rb"[a-z_.]+", _QUICK_KINDS)
 
 

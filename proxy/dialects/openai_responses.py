@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import ASCII, NUMBER, TEXT, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
 
 # type -> (Delta.event_type, visible). "audio" counts base64 characters and
 # "transcript" the text of generated speech; neither is read as text.
@@ -37,9 +37,9 @@ _QUICK_KINDS = {kind.encode(): output for kind, output in _OUTPUT.items()}
 _QUICK = quick_pattern(
     rb'\{"type":"(?P<kind>' + b"|".join(re.escape(kind) for kind in _QUICK_KINDS)
     + rb')","sequence_number":' + NUMBER + rb',"item_id":' + ASCII + rb',"output_index":' + NUMBER
-    + rb'(?:,"(?:content|summary)_index":' + NUMBER + rb')?,"delta":"' + TEXT
-    + rb'"(?:,"logprobs":\[\])?(?:,"obfuscation":' + ASCII + rb')?\}',
-    rb"response\.[a-z_.]+", _QUICK_KINDS)
+    + rb'(?:,"(?:content|summary)_index":' + NUMBER + rb')?,"delta":"',
+    rb'"(?:,"logprobs":\[\])?(?:,"obfuscation":' + ASCII + rb')?\}',
+    rb"response\.[a-z_.]+", _QUICK_KINDS, steady_head=False)  # its sequence number changes every event
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
