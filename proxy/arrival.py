@@ -1,35 +1,62 @@
 """When a request arrived: its first byte on the connection.
 
-aiohttp starts a handler once it has parsed the request's headers, which at low load is about a
-millisecond after their first byte came in (more for a client that sends its headers slowly). A
-measuring proxy's clock starts at the first byte, as the client's does (#21, checked with aiperf):
-`Runner` is aiohttp's AppRunner whose connections stamp the first byte each request brings.
+aiohttp starts a handler once it has parsed the request's headers, which at low load is a few
+tenths of a millisecond after their first byte came in (more for a client that sends its headers
+slowly). A measuring proxy's clock starts at the first byte, as the client's does (#21):
+`Runner` is aiohttp's AppRunner whose connections stamp the first byte of each request they parse.
+Checked against aiperf (benchmarks/ttft_accuracy.py --aiperf): on loopback the stamp comes 0.1 to
+0.2 ms after the client's write(2) of the request; the rest of the difference is the client's own
+time before that write, and the first token's way from llmtap back to it.
 
-A connection's stamp is taken by its request's handler (`take`) and cleared when the handler ends
-(`clear`), so that the bytes of a body read meanwhile never date the next request. A request
-pipelined behind another one on the same connection falls back to its handler's start.
+The stamp is the moment of the read (`data_received`) that brought a request's first byte: the
+first read while no request is half parsed and no body is still coming in. It is kept with the
+request's parsed message, so each request, pipelined ones included, finds its own (`take`), and
+the bytes of a body nobody reads (aiohttp drains it after the handler ended) never date the next
+request. A request pipelined behind another one in the same read gets that read's moment.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 
 class _StampingHandler(RequestHandler):
-    __slots__ = ("arrival_ns",)
+    __slots__ = ("_first_ns", "_body", "_stamps")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.arrival_ns: int | None = None
+        self._first_ns: int | None = None  # the first byte of a request not parsed yet
+        self._body: StreamReader | None = None  # the body of the last request parsed, while it comes in
+        self._stamps: deque[tuple[object, int]] = deque()  # (parsed message, its first byte), until taken
 
     def data_received(self, data: bytes) -> None:
-        if self.arrival_ns is None:
-            self.arrival_ns = perf_counter_ns()
+        if self._payload_parser is not None or self._upgraded:  # a WebSocket's frames, no requests
+            super().data_received(data)
+            return
+        now = perf_counter_ns()
+        if self._body is not None and self._body.is_eof():
+            self._body = None
+        if data and self._first_ns is None and self._body is None:
+            self._first_ns = now  # nothing half parsed, no body coming: these bytes begin a request
+        # (aiohttp itself calls this with b"" to parse what it held back: no byte came then)
+        messages = self._messages
+        before = self._request_count
         super().data_received(data)
+        parsed = self._request_count - before
+        if not parsed:
+            return
+        first, self._first_ns = self._first_ns, None
+        new = [messages[i] for i in range(len(messages) - parsed, len(messages))]
+        for i, (message, _) in enumerate(new):
+            self._stamps.append((message, first if i == 0 and first is not None else now))
+        payload = new[-1][1]
+        self._body = None if payload.is_eof() else payload
 
 
 class _StampingServer(web.Server):
@@ -48,12 +75,18 @@ class Runner(web.AppRunner):
 
 def take(request: web.BaseRequest, now_ns: int) -> int:
     """The first byte of `request` (by the monotonic clock), else `now_ns` (the handler's start)."""
-    stamp = getattr(request.protocol, "arrival_ns", None)
-    return stamp if stamp is not None and stamp <= now_ns else now_ns
+    stamps: deque[tuple[object, int]] | None = getattr(request.protocol, "_stamps", None)
+    message = getattr(request, "_message", None)
+    if not stamps or message is None:
+        return now_ns
+    for i, (parsed, stamp) in enumerate(stamps):
+        if parsed is message:
+            for _ in range(i + 1):  # this request's stamp and those of requests that reached no handler
+                stamps.popleft()
+            return stamp if stamp <= now_ns else now_ns
+    return now_ns
 
 
 def clear(request: web.BaseRequest) -> None:
-    """The request's handler is ending: what arrives from now on belongs to the next request."""
-    protocol = request.protocol
-    if isinstance(protocol, _StampingHandler):
-        protocol.arrival_ns = None
+    """The request's handler is ending. Nothing is left to clear: each stamp belongs to its own
+    request's message and `take` removes it (kept for the middleware's `finally`)."""
