@@ -155,15 +155,12 @@ async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web
     (`GET http://host/...`) and `OPTIONS *` targets: refused before routing (CONNECT and `*` match
     no route), in words, with a row."""
     received = request[RECEIVED] = arrival.take(request, perf_counter_ns())
-    try:
-        target = request.raw_path
-        if request.method == "CONNECT" or not target.startswith("/"):
-            status = 405 if request.method == "CONNECT" else 400
-            return reject(request, target.partition("?")[0], received, status, NOT_A_FORWARD_PROXY,
-                          "not_a_forward_proxy")
-        return await handler(request)
-    finally:
-        arrival.clear(request)
+    target = request.raw_path
+    if request.method == "CONNECT" or not target.startswith("/"):
+        status = 405 if request.method == "CONNECT" else 400
+        return reject(request, target.partition("?")[0], received, status, NOT_A_FORWARD_PROXY,
+                      "not_a_forward_proxy")
+    return await handler(request)
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

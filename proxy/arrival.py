@@ -85,8 +85,3 @@ def take(request: web.BaseRequest, now_ns: int) -> int:
                 stamps.popleft()
             return stamp if stamp <= now_ns else now_ns
     return now_ns
-
-
-def clear(request: web.BaseRequest) -> None:
-    """The request's handler is ending. Nothing is left to clear: each stamp belongs to its own
-    request's message and `take` removes it (kept for the middleware's `finally`)."""
