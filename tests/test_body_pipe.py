@@ -29,6 +29,30 @@ def event(i: int) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
 
 
+async def slow_reader(port: int) -> tuple[socket.socket, bytearray]:
+    """A client with a small receive buffer that posts a streaming request and reads its first
+    bytes only: what it reads next is up to the test."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                            b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    return sock, bytearray(await loop.sock_recv(sock, 65536))
+
+
+async def read_to_the_end(sock: socket.socket, received: bytearray) -> None:
+    """The rest of a chunked response, up to its last chunk (bounded in time), then close."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(60):
+        while not received.endswith(b"0\r\n\r\n"):
+            data = await loop.sock_recv(sock, 1 << 20)
+            assert data, "the proxy closed the connection before the end"
+            received += data
+    sock.close()
+
+
 async def test_thousands_of_http_chunks_in_one_read(tmp_path: Path) -> None:
     """aiohttp's reader marks every HTTP chunk's end and pauses the connection past a few thousand
     unread marks; the pipe reads none of them, so it must keep none."""
@@ -82,25 +106,13 @@ async def test_a_slow_client_pauses_a_chunked_stream_and_gets_every_byte(tmp_pat
         await conn.send(b"0\r\n\r\n")
 
     async with RawUpstream(firehose) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(sock, ("127.0.0.1", p.port))
-        await loop.sock_sendall(sock, b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-        received = bytearray(await loop.sock_recv(sock, 65536))
+        sock, received = await slow_reader(p.port)
         await asyncio.sleep(1.0)
         stalled = up.bytes_sent
         await asyncio.sleep(1.0)
         assert up.bytes_sent == stalled, "the upstream kept writing to a proxy whose client does not read"
         assert stalled < 16 << 20, f"{stalled >> 20} MiB left the upstream for a client that reads nothing"
-        async with asyncio.timeout(60):
-            while not received.endswith(b"0\r\n\r\n"):
-                data = await loop.sock_recv(sock, 1 << 20)
-                assert data, "the proxy closed the connection before the end"
-                received += data
-        sock.close()
+        await read_to_the_end(sock, received)
         row = rows(p)[0]
     assert hashlib.sha256(dechunk(body_of(bytes(received)))).digest() == hashlib.sha256(piece * count).digest()
     assert row["response_bytes"] == len(piece) * count and row["outcome"] == "stream_truncated"  # no [DONE]
@@ -221,21 +233,9 @@ async def test_a_client_paused_past_the_idle_timeout_is_no_upstream_timeout(tmp_
         await conn.send(chunk(DONE) + b"0\r\n\r\n")
 
     async with RawUpstream(firehose) as up, RunningProxy(proxy_config(up.url, tmp_path, idle_timeout_s=0.3)) as p:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(sock, ("127.0.0.1", p.port))
-        await loop.sock_sendall(sock, b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-        received = bytearray(await loop.sock_recv(sock, 65536))
+        sock, received = await slow_reader(p.port)
         await asyncio.sleep(1.2)  # four idle periods, reading nothing
-        async with asyncio.timeout(60):
-            while not received.endswith(b"0\r\n\r\n"):
-                data = await loop.sock_recv(sock, 1 << 20)
-                assert data, "the proxy closed the connection before the end"
-                received += data
-        sock.close()
+        await read_to_the_end(sock, received)
         row = rows(p)[0]
     assert dechunk(body_of(bytes(received))) == piece * count + DONE
     assert (row["outcome"], row["output_events"]) == ("ok", count)
