@@ -53,9 +53,8 @@ class _TeeSSE:
             self.tap.add(data)
         return self.parser.feed(data)
 
-    @property
-    def oversized(self) -> int:
-        return self.parser.oversized
+    def __getattr__(self, name: str) -> Any:  # the parser's state (`idle`, `oversized`, its limit)
+        return getattr(self.parser, name)
 
 
 class CapturingMeter(Meter):
@@ -70,6 +69,7 @@ class CapturingMeter(Meter):
         super().response_started(*args, **kwargs)
         if self._sse is not None:
             self._sse = _TeeSSE(self._sse, self._response)  # type: ignore[assignment]
+            self._quick = None  # every event through the parser, so that the tap copies each one
 
     def on_message(self, payload: bytes, t_ns: int) -> None:
         super().on_message(payload, t_ns)

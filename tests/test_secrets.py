@@ -163,6 +163,25 @@ async def test_captured_bodies_are_decoded_redacted_and_capped(tmp_path: Path) -
     assert second["request_truncated"] is True
 
 
+async def test_a_captured_stream_keeps_every_event_the_meter_reads_quickly(tmp_path: Path) -> None:
+    """Anthropic's text deltas, compact as the API sends them, are what the meter reads without the
+    SSE parser (proxy/dialects/base.py Quick): captured, each is in the response body even so, and
+    an error event after them sets the row's error."""
+    deltas = [b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+              b'"delta":{"type":"text_delta","text":"part %d"}}\n\n' % i for i in range(20)]
+    failure = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n'
+    reply = b"".join(deltas) + failure
+    async with reply_upstream(reply, {"Content-Type": "text/event-stream"}) as up, \
+            RunningProxy(proxy_config(up.url, tmp_path, capture_bodies=True)) as p:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/v1/messages", json={"model": "m", "stream": True}) as r:
+                assert await r.read() == reply
+        (row,) = rows(p, "SELECT r.error_type, r.output_events, b.response_body FROM requests r "
+                         "JOIN bodies b ON b.request_id = r.id")
+    assert row["response_body"] == reply.decode()
+    assert (row["error_type"], row["output_events"]) == ("overloaded_error", 20)
+
+
 @pytest.mark.parametrize("text,expected", [
     ("Incorrect API key provided: sk-proj-abcdefghijklmnop1234.", f"Incorrect API key provided: {REDACTED}."),
     ("GET /v1?alt=sse&key=AIzaSyA1234567890abcdefghijklmnopqrstu", f"GET /v1?alt=sse&key={REDACTED}"),
