@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import re
@@ -171,8 +172,16 @@ async def test_a_captured_stream_keeps_every_event_the_meter_reads_quickly(tmp_p
               b'"delta":{"type":"text_delta","text":"part %d"}}\n\n' % i for i in range(20)]
     failure = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n'
     reply = b"".join(deltas) + failure
-    async with reply_upstream(reply, {"Content-Type": "text/event-stream"}) as up, \
-            RunningProxy(proxy_config(up.url, tmp_path, capture_bodies=True)) as p:
+
+    async def event_by_event(conn: RawConn) -> None:  # one read each: the meter's quick path takes the later ones
+        await conn.read_request()
+        await conn.send(http_head(200, {"Content-Type": "text/event-stream"}, chunked=True))
+        for event in [*deltas, failure]:
+            await conn.send(chunk(event))
+            await asyncio.sleep(0.01)
+        await conn.send(b"0\r\n\r\n")
+
+    async with RawUpstream(event_by_event) as up, RunningProxy(proxy_config(up.url, tmp_path, capture_bodies=True)) as p:
         async with aiohttp.ClientSession() as s:
             async with s.post(p.url + "/v1/messages", json={"model": "m", "stream": True}) as r:
                 assert await r.read() == reply
