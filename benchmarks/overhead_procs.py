@@ -5,6 +5,7 @@ benchmark itself dies, through PR_SET_PDEATHSIG)."""
 from __future__ import annotations
 
 import ctypes
+import getpass
 import json
 import os
 import shutil
@@ -245,16 +246,22 @@ http {{
 
 def start_nginx(procs: Procs, cpu: int | None, upstream: str) -> tuple[subprocess.Popen, str]:
     """nginx as a reference relay: one worker, no buffering, HTTP/1.1 keepalive to the upstream."""
+    return _nginx(procs, "nginx", cpu, lambda d, port: NGINX_CONF.format(
+        dir=d, port=port, upstream_port=upstream.rsplit(":", 1)[1]))
+
+
+def _nginx(procs: Procs, name: str, cpu: int | None, conf_text: Callable[[Path, int], str]) -> tuple[subprocess.Popen, str]:
+    """nginx in the foreground with the configuration `conf_text(its directory, its port)`."""
     binary = nginx_binary()
     if binary is None:
         raise BenchError("nginx is not installed")
-    conf_dir = procs.workdir / "nginx"
+    conf_dir = procs.workdir / name
     conf_dir.mkdir(exist_ok=True)
     port = free_port()
     conf = conf_dir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=conf_dir, port=port, upstream_port=upstream.rsplit(":", 1)[1]))
-    proc = procs.start("nginx", [binary, "-p", str(conf_dir), "-e", str(conf_dir / "nginx-error.log"),
-                                 "-c", str(conf)], cpu)
+    conf.write_text(conf_text(conf_dir, port))
+    proc = procs.start(name, [binary, "-p", str(conf_dir), "-e", str(conf_dir / "nginx-error.log"),
+                              "-c", str(conf)], cpu)
 
     def ready() -> str | None:
         try:
@@ -263,7 +270,64 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: str) -> tuple[subproces
             return None
         return f"http://127.0.0.1:{port}"
 
-    return proc, procs.wait_ready("nginx", proc, ready)
+    return proc, procs.wait_ready(name, proc, ready)
+
+
+CANNED_CONF = """\
+daemon off;
+master_process on;
+user {user};  # the files are in a private temporary directory (ignored, with a warning, when not root)
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = /v1/chat/completions {{
+            if ($http_x_canned = "stream") {{ rewrite ^ /stream last; }}
+            rewrite ^ /plain last;
+        }}
+        # the answers are files (a `return` string is capped at 4 KiB); nginx refuses a POST to a file
+        # with a 405, which error_page turns into the file itself, with a 200
+        location = /plain {{ default_type application/json; alias {dir}/plain.json; error_page 405 =200 $uri; }}
+        location = /stream {{ default_type text/event-stream; alias {dir}/stream.sse; error_page 405 =200 $uri; }}
+    }}
+}}
+"""
+CANNED_HEADER = "x-canned"  # "stream": the canned upstream answers with its stream
+
+
+def canned_answers(tokens: int, plain_tokens: int) -> tuple[str, str]:
+    """A Chat Completions answer and a stream of `tokens` text deltas, byte for byte as OpenAI sends them."""
+    head = '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"bench","choices":[{"index":0,'
+    events = [head + '"delta":{"role":"assistant","content":""},"finish_reason":null}]}']
+    events += [head + '"delta":{"content":"tok%d "},"finish_reason":null}]}' % i for i in range(tokens)]
+    events.append(head + '"delta":{},"finish_reason":"stop"}]}')
+    events.append('{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"bench","choices":[],'
+                  '"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}' % (tokens, tokens + 12))
+    stream = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
+    text = " ".join(f"tok{i}" for i in range(plain_tokens))
+    plain = ('{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"bench","choices":[{"index":0,'
+             '"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}],'
+             '"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}' % (text, plain_tokens, plain_tokens + 12))
+    return plain, stream
+
+
+def start_canned_upstream(procs: Procs, cpu: int | None, tokens: int, plain_tokens: int) -> str:
+    """nginx answering every POST with a canned answer (`CANNED_HEADER: stream`: the stream), so that
+    the upstream takes a sliver of the CPU the simulator would."""
+    plain, stream = canned_answers(tokens, plain_tokens)
+
+    def conf(d: Path, port: int) -> str:
+        (d / "plain.json").write_text(plain)
+        (d / "stream.sse").write_text(stream)
+        return CANNED_CONF.format(dir=d, port=port, user=getpass.getuser())
+
+    return _nginx(procs, "upstream", cpu, conf)[1]
 
 
 # -- /proc ----------------------------------------------------------------------------------

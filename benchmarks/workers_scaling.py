@@ -1,6 +1,8 @@
 """`llmtap serve --workers N`: how throughput scales from 1 process to 2 (#21).
 
-For each N (default 1, then 2), against one `llmtap mock-upstream`:
+For each N (default 1, then 2), against one upstream: nginx with canned answers when it is installed
+(`--upstream canned`: a sliver of a core, so that serve's processes get the rest), else
+`llmtap mock-upstream` (`--upstream simulator`, about half a core at these rates):
 
   req/s      non-streaming POSTs from `--connections` keep-alive connections for `--seconds` (wrk)
   chunks/s   streaming POSTs the same way, each stream `--tokens` tokens as fast as the upstream
@@ -35,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from overhead_client import PLAIN_BODY, STREAM_BODY, parse_wrk, sim_headers, write_wrk_script  # noqa: E402
-from overhead_procs import (ADMIN_TOKEN, LLMTAP, BenchError, Procs, cpu_seconds, cpu_model, loadavg,  # noqa: E402
-                            start_upstream, tree)
+from overhead_procs import (ADMIN_TOKEN, CANNED_HEADER, LLMTAP, BenchError, Procs, cpu_seconds, cpu_model,  # noqa: E402
+                            loadavg, nginx_binary, start_canned_upstream, start_upstream, tree)
 
 from proxy import running  # noqa: E402
 
@@ -84,10 +86,10 @@ def one(procs: Procs, workers: int, upstream: str, p: dict[str, Any]) -> dict[st
     proc, admin = start_serve(procs, workers, upstream)
     try:
         plain = sim_headers(0, 0, p["plain_tokens"])
-        stream = sim_headers(0, p["itl_ms"], p["tokens"])
+        stream = {**sim_headers(0, p["itl_ms"], p["tokens"]), CANNED_HEADER: "stream"}
         wrk(procs, admin.url, p["connections"], 2, plain, PLAIN_BODY, "warm")  # connections, caches, the pool
         pids = tree(proc.pid)
-        upstream_pids = [pr.pid for name, pr in procs.running if name == "upstream"]
+        upstream_pids = [pid for name, pr in procs.running if name == "upstream" for pid in tree(pr.pid)]
         cpu0, up0 = cpu_seconds(pids), cpu_seconds(upstream_pids)
         plain_run = wrk(procs, admin.url, p["connections"], p["seconds"], plain, PLAIN_BODY, "plain")
         cpu1, up1 = cpu_seconds(pids), cpu_seconds(upstream_pids)
@@ -122,19 +124,28 @@ def one(procs: Procs, workers: int, upstream: str, p: dict[str, Any]) -> dict[st
 @click.option("--tokens", type=int, default=100, show_default=True, help="Tokens per stream.")
 @click.option("--itl-ms", type=float, default=0.0, show_default=True, help="The upstream's delay between tokens.")
 @click.option("--plain-tokens", type=int, default=20, show_default=True, help="Tokens per non-streaming answer.")
+@click.option("--upstream", "upstream_kind", type=click.Choice(["canned", "simulator"]), default=None,
+              help="canned: nginx answering with canned answers (the default when nginx is installed), which "
+                   "leaves the cores to serve; simulator: `llmtap mock-upstream`, which takes about half a core.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results here.")
 def main(counts: str, seconds: float, connections: int, tokens: int, itl_ms: float, plain_tokens: int,
-         json_out: Path | None) -> None:
+         upstream_kind: str | None, json_out: Path | None) -> None:
     """serve --workers 1 and 2: non-streaming req/s and streaming chunks/s, and their ratio."""
     if shutil.which("wrk") is None:
         raise click.ClickException("wrk is not installed (apt-get install -y wrk)")
+    upstream_kind = upstream_kind or ("canned" if nginx_binary() else "simulator")
+    if upstream_kind == "canned" and itl_ms:
+        raise click.ClickException("--itl-ms needs --upstream simulator (the canned answers come at once)")
     p = {"seconds": seconds, "connections": connections, "tokens": tokens, "itl_ms": itl_ms,
-         "plain_tokens": plain_tokens}
+         "plain_tokens": plain_tokens, "upstream": upstream_kind}
     results: list[dict[str, Any]] = []
     load_before = loadavg()
     with tempfile.TemporaryDirectory(prefix="llmtap-workers-") as tmp, Procs(Path(tmp)) as procs:
         try:
-            upstream = start_upstream(procs, None, 0, 0, tokens)
+            if upstream_kind == "canned":
+                upstream = start_canned_upstream(procs, None, tokens, plain_tokens)
+            else:
+                upstream = start_upstream(procs, None, 0, 0, tokens)
             for n in (int(x) for x in counts.split(",")):
                 results.append(one(procs, n, upstream, p))
                 r = results[-1]
@@ -146,7 +157,8 @@ def main(counts: str, seconds: float, connections: int, tokens: int, itl_ms: flo
         except BenchError as exc:
             raise click.ClickException(str(exc)) from None
     load_after = loadavg()
-    click.echo(f"{os.cpu_count()} CPUs ({cpu_model()}); load average before {load_before}, after {load_after}")
+    click.echo(f"{os.cpu_count()} CPUs ({cpu_model()}); upstream: {upstream_kind}; load average before {load_before}, "
+               f"after {load_after}")
     medians = {n: {k: statistics.median(r[k] for r in results if r["workers"] == n) for k in ("req_per_s", "chunks_per_s")}
                for n in dict.fromkeys(r["workers"] for r in results)}
     base = medians.get(1)
