@@ -133,7 +133,7 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
         "rounds": per_round,
         "medians": med,
         "figures": med.get(LLMTAP, {}),
-        "checks": checks(med),
+        "checks": checks(med, per_round),
     }
 
 
@@ -180,7 +180,7 @@ def main(rounds: int | None, streams: int | None, open_streams: int | None, seco
                f"load average {m['load_before']} before, {[r[0] for r in m['load_after_each_round']]} after each round")
     click.echo("direct: as measured; relays: added over direct (+) where signed\n")
     click.echo(table(result["medians"], {"streams": p.streams, "connections": p.connections,
-                                         "open_streams": p.open_streams}))
+                                         "open_streams": p.open_streams}, result["rounds"]))
     errors = {t: {k: v for k, v in f.items() if k.endswith("_errors") and v} for t, f in result["medians"].items()}
     if any(errors.values()):
         click.echo(f"\nerrors (median per round): {json.dumps({t: e for t, e in errors.items() if e})}")
