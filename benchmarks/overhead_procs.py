@@ -205,13 +205,16 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 
 
-NGINX_CONF = """\
+# The part of every nginx configuration here: in the foreground, one worker, its files in {dir}.
+NGINX_MAIN = """\
 daemon off;
 master_process on;
 worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/nginx-error.log warn;
 events {{ worker_connections 8192; }}
+"""
+NGINX_CONF = NGINX_MAIN + """\
 http {{
     access_log off;
     client_body_temp_path {dir}/body;
@@ -273,14 +276,8 @@ def _nginx(procs: Procs, name: str, cpu: int | None, conf_text: Callable[[Path, 
     return proc, procs.wait_ready(name, proc, ready)
 
 
-CANNED_CONF = """\
-daemon off;
-master_process on;
+CANNED_CONF = NGINX_MAIN + """\
 user {user};  # the files are in a private temporary directory (ignored, with a warning, when not root)
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/nginx-error.log warn;
-events {{ worker_connections 8192; }}
 http {{
     access_log off;
     client_body_temp_path {dir}/body;
