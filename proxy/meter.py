@@ -236,7 +236,7 @@ class Meter:
         whole read) and its events handed to `on_event`, in the stream's order. Any other read is
         fed to the parser whole. Either way each event comes out as feeding every read would make it."""
         dialect = self.dialect
-        feed, on_event, limit, quick = sse.feed, dialect.on_event, sse.max_event_bytes, self._quick
+        feed, limit, quick = sse.feed, sse.max_event_bytes, self._quick
         times, sizes, kinds = self.times, self.sizes, self.kinds
         chars = 0
         first_text = self.first_text
@@ -280,31 +280,17 @@ class Meter:
                                 if visible and first_text is None:
                                     first_text = t_ns
                                 continue
-                        for event, payload in feed(block + b"\n\n"):
-                            delta = on_event(payload, event)
-                            if delta is not None:
-                                missed += 1
-                                kind, visible, n = delta
-                                times.append(t_ns)
-                                sizes.append(len(payload))
-                                kinds.append(kind)
-                                chars += n
-                                if visible and first_text is None:
-                                    first_text = t_ns
+                        found, n, shown = self._parsed(feed(block + b"\n\n"), t_ns)
+                        missed, chars = missed + found, chars + n
+                        if first_text is None:
+                            first_text = shown
                         if missed and self._quick_gives_up(missed, len(times) - before - missed - fed):
                             quick = None  # the next reads are fed whole
                     continue
-                for event, payload in feed(data):
-                    delta = on_event(payload, event)
-                    if delta is not None:
-                        fed += 1
-                        kind, visible, n = delta
-                        times.append(t_ns)
-                        sizes.append(len(payload))
-                        kinds.append(kind)
-                        chars += n
-                        if visible and first_text is None:
-                            first_text = t_ns
+                found, n, shown = self._parsed(feed(data), t_ns)
+                fed, chars = fed + found, chars + n
+                if first_text is None:
+                    first_text = shown
         finally:
             self.chars += chars
             self.first_text = first_text
@@ -313,6 +299,25 @@ class Meter:
                 self._quick_head = head, at_text, head_kind, head_visible, head_data, head_model
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
+
+    def _parsed(self, events: list[tuple[str | None, bytes]], t_ns: int) -> tuple[int, int, int | None]:
+        """The output events among some parsed SSE events (the dialect reads each), all timed `t_ns`:
+        how many, their characters, and `t_ns` if one of them was visible text (else None)."""
+        on_event, times, sizes, kinds = self.dialect.on_event, self.times, self.sizes, self.kinds
+        found = chars = 0
+        shown = None
+        for event, payload in events:
+            delta = on_event(payload, event)
+            if delta is not None:
+                kind, visible, n = delta
+                times.append(t_ns)
+                sizes.append(len(payload))
+                kinds.append(kind)
+                found += 1
+                chars += n
+                if visible:
+                    shown = t_ns
+        return found, chars, shown
 
     def _quick_gives_up(self, missed: int, matched: int) -> bool:
         """Whether the stream stops trying its dialect's quick pattern, given the output events of

@@ -38,7 +38,6 @@ class SSEParser:
     __slots__ = (
         "max_event_bytes",
         "oversized",
-        "idle",
         "_tail",
         "_tail_len",
         "_data",
@@ -60,9 +59,13 @@ class SSEParser:
         self._skipping = False  # inside an oversized event: drop until blank line
         self._cr_pending = False  # last read ended in CR: a leading LF is its pair
         self._head: bytes | None = b""  # first bytes, until the BOM is ruled out
-        # Between events with nothing pending, the BOM ruled out: a read that ends with a blank line
-        # can then be split at its blank lines, each block one event's lines (proxy/meter.py does).
-        self.idle = False
+
+    @property
+    def idle(self) -> bool:
+        """Between events with nothing pending, the BOM ruled out: a read that ends with a blank line
+        can then be split at its blank lines, each block one event's lines (proxy/meter.py does)."""
+        return (self._head is None and self._event is None
+                and not (self._tail or self._data or self._cr_pending or self._skipping))
 
     def feed(self, chunk: bytes) -> list[Event]:
         if self._head is not None:
@@ -71,7 +74,6 @@ class SSEParser:
             return []
         if (chunk[-2:] == b"\n\n" and not self._tail and not self._data and not self._cr_pending
                 and self._event is None and not self._skipping and b"\r" not in chunk):
-            self.idle = True  # whole events leave nothing pending
             return self._whole_events(chunk)
         if self._cr_pending and chunk[0] == 10:
             chunk = chunk[1:]
@@ -90,7 +92,6 @@ class SSEParser:
                 self._line(line, events)
         if last:
             self._keep_tail(last)
-        self.idle = not (self._tail or self._data or self._cr_pending or self._skipping) and self._event is None
         return events
 
     def _whole_events(self, chunk: bytes) -> list[Event]:
