@@ -69,11 +69,6 @@ def give_meter(meter: Meter, data: bytes, t_ns: int) -> None:
         meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
 
 
-def can_pipe(content: StreamReader) -> bool:
-    """A plain reader with nothing waiting on it (aiohttp's decompressing or empty readers are not)."""
-    return type(content) is StreamReader and content._waiter is None and content.exception() is None
-
-
 class BodyPipe:
     __slots__ = ("_content", "_transport", "_protocol", "_writer", "_upstream", "_chunked", "_meter", "_drain",
                  "_idle_s", "_last", "_timer", "gone")
@@ -95,10 +90,12 @@ class BodyPipe:
     async def relay(self) -> None:
         """The whole body, to the client: what the reader holds already, then each piece as it comes."""
         content = self._content
+        if (broken := content.exception()) is not None:  # the upstream failed as its headers came
+            raise broken
         if content._buffer:
             self.piece(content.read_nowait())
-        if content.is_eof() or self.gone:
-            return
+        if self.gone:
+            raise ClientGone("the client closed the connection mid-response")
         PIPES[content] = self
         content.__class__ = _PipedReader
         self._watch_idle()

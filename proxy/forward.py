@@ -16,7 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import conn_timing
-from .body_pipe import BodyPipe, can_pipe, give_meter
+from .body_pipe import BodyPipe, give_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
 from .meter import Meter
@@ -240,10 +240,8 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
         if content.is_eof():  # the whole body came with the headers (most non-streaming answers)
             return await _answer_at_once(content, out, meter)
         request.writer.send_headers()  # type: ignore[attr-defined]
-        if can_pipe(content):
-            await BodyPipe(request, content, meter).relay()
-        else:
-            await _read_and_write(content, out, meter)
+        await BodyPipe(request, content, meter).relay()
+        await out.write_eof()
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
         raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
@@ -252,7 +250,6 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     except aiohttp.ClientError as exc:
         _abort(request)
         raise _finish_after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {_cause(exc, 'closed')}", out)
-    await out.write_eof()
     return out
 
 
@@ -271,16 +268,6 @@ async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse
     if meter is not None and data:
         give_meter(meter, data, t)
     return out
-
-
-async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
-    """The body read by read and written to the client: for the readers `BodyPipe` does not take
-    (aiohttp's empty reader, or a reader another version of aiohttp shapes differently)."""
-    while data := await content.readany():
-        t = perf_counter_ns()
-        await out.write(data)
-        if meter is not None:
-            give_meter(meter, data, t)
 
 
 def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:
