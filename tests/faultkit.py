@@ -12,7 +12,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,6 +167,22 @@ def chunk(data: bytes) -> bytes:
 
 SSE = {"Content-Type": "text/event-stream"}
 JSON = {"Content-Type": "application/json"}
+
+
+def sends_events(events: Iterable[bytes], every_s: float = 0.0) -> Handler:
+    """An upstream handler: reads the request, answers a chunked event stream, one HTTP chunk per
+    event (`every_s` apart), then the last chunk."""
+
+    async def handler(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(http_head(200, SSE, chunked=True))
+        for event in events:
+            await conn.send(chunk(event))
+            if every_s:
+                await asyncio.sleep(every_s)
+        await conn.send(b"0\r\n\r\n")
+
+    return handler
 
 
 # -- raw clients -----------------------------------------------------------------------

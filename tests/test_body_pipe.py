@@ -17,7 +17,7 @@ from proxy import body_pipe
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
-from .faultkit import SSE, RawConn, RawUpstream, body_of, chunk, dechunk, http_head, raw_exchange, status_of
+from .faultkit import SSE, RawConn, RawUpstream, body_of, chunk, dechunk, http_head, raw_exchange, sends_events, status_of
 
 CHAT = "/v1/chat/completions"
 
@@ -98,14 +98,7 @@ async def test_a_slow_client_pauses_a_chunked_stream_and_gets_every_byte(tmp_pat
     piece = b"data: " + b"x" * 16_000 + b"\n\n"  # not JSON: relayed as is, noted, not counted
     count = 4_000  # 64 MB
 
-    async def firehose(conn: RawConn) -> None:
-        await conn.read_request()
-        await conn.send(http_head(200, SSE, chunked=True))
-        for _ in range(count):
-            await conn.send(chunk(piece))
-        await conn.send(b"0\r\n\r\n")
-
-    async with RawUpstream(firehose) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+    async with RawUpstream(sends_events([piece] * count)) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
         sock, received = await slow_reader(p.port)
         await asyncio.sleep(1.0)
         stalled = up.bytes_sent
@@ -122,14 +115,7 @@ async def test_a_slow_client_pauses_a_chunked_stream_and_gets_every_byte(tmp_pat
 async def test_an_http_1_0_client_gets_the_body_unframed(tmp_path: Path) -> None:
     events = [event(i) for i in range(50)] + [DONE]
 
-    async def chunked(conn: RawConn) -> None:
-        await conn.read_request()
-        await conn.send(http_head(200, SSE, chunked=True))
-        for e in events:
-            await conn.send(chunk(e))
-        await conn.send(b"0\r\n\r\n")
-
-    async with RawUpstream(chunked) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+    async with RawUpstream(sends_events(events)) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
         reply = await raw_exchange(p.port, b"POST " + CHAT.encode() + b" HTTP/1.0\r\nHost: 127.0.0.1\r\n"
                                    b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
         row = rows(p)[0]
@@ -186,13 +172,7 @@ async def test_the_idle_timeout_counts_silence_not_the_stream_s_length(tmp_path:
     upstream pauses 1 s in is, after its first events."""
     events = [event(i) for i in range(30)] + [DONE]
 
-    async def steady(conn: RawConn) -> None:
-        await conn.read_request()
-        await conn.send(http_head(200, SSE, chunked=True))
-        for e in events:
-            await conn.send(chunk(e))
-            await asyncio.sleep(0.05)
-        await conn.send(b"0\r\n\r\n")
+    steady = sends_events(events, every_s=0.05)
 
     async def stalls(conn: RawConn) -> None:
         await conn.read_request()
@@ -225,14 +205,7 @@ async def test_a_client_paused_past_the_idle_timeout_is_no_upstream_timeout(tmp_
     piece = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * 16_000 + b'"}}]}\n\n'
     count = 1_000
 
-    async def firehose(conn: RawConn) -> None:
-        await conn.read_request()
-        await conn.send(http_head(200, SSE, chunked=True))
-        for _ in range(count):
-            await conn.send(chunk(piece))
-        await conn.send(chunk(DONE) + b"0\r\n\r\n")
-
-    async with RawUpstream(firehose) as up, RunningProxy(proxy_config(up.url, tmp_path, idle_timeout_s=0.3)) as p:
+    async with RawUpstream(sends_events([piece] * count + [DONE])) as up, RunningProxy(proxy_config(up.url, tmp_path, idle_timeout_s=0.3)) as p:
         sock, received = await slow_reader(p.port)
         await asyncio.sleep(1.2)  # four idle periods, reading nothing
         await read_to_the_end(sock, received)

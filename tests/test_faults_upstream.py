@@ -19,7 +19,7 @@ from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import (JSON, SSE, Baseline, RawConn, RawUpstream, Serve, chunk, http_head, peak_rss_mb,
-                       reset_peak)
+                       reset_peak, sends_events)
 
 try:
     from compression import zstd  # type: ignore[import-not-found]
@@ -125,14 +125,7 @@ async def test_malformed_sse_and_invalid_utf8_are_relayed_byte_for_byte(tmp_path
         b"data: [DONE]\n\n",
     ]
 
-    async def handler(conn: RawConn) -> None:
-        await conn.read_request()
-        await conn.send(http_head(200, SSE, chunked=True))
-        for event in events:
-            await conn.send(chunk(event))
-        await conn.send(b"0\r\n\r\n")
-
-    async with RawUpstream(handler) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+    async with RawUpstream(sends_events(events)) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
         status, got, cut = await post(p.url)
         row = rows(p)[0]
     assert (status, got, cut) == (200, b"".join(events), None)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import re
@@ -20,7 +19,7 @@ from proxy.redact import REDACTED, redact
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
-from .faultkit import RawConn, RawUpstream, Serve, chunk, http_head, raw_exchange
+from .faultkit import RawConn, RawUpstream, Serve, chunk, http_head, raw_exchange, sends_events
 from .test_outcomes import closed_port
 
 # Distinctive, and shaped like no known key format: only the exact-credential net can catch it.
@@ -173,14 +172,7 @@ async def test_a_captured_stream_keeps_every_event_the_meter_reads_quickly(tmp_p
     failure = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n'
     reply = b"".join(deltas) + failure
 
-    async def event_by_event(conn: RawConn) -> None:  # one read each: the meter's quick path takes the later ones
-        await conn.read_request()
-        await conn.send(http_head(200, {"Content-Type": "text/event-stream"}, chunked=True))
-        for event in [*deltas, failure]:
-            await conn.send(chunk(event))
-            await asyncio.sleep(0.01)
-        await conn.send(b"0\r\n\r\n")
-
+    event_by_event = sends_events([*deltas, failure], every_s=0.01)  # one read each: the quick path takes the later ones
     async with RawUpstream(event_by_event) as up, RunningProxy(proxy_config(up.url, tmp_path, capture_bodies=True)) as p:
         async with aiohttp.ClientSession() as s:
             async with s.post(p.url + "/v1/messages", json={"model": "m", "stream": True}) as r:
