@@ -38,6 +38,7 @@ class ProxyState:
     # and in a worker the relay of /_llmtap/ requests to the primary
     workers: Any = None
     admin_relay: Any = None
+    admin_sql: Any = None  # proxy.admin_sql.AdminSql: the admin endpoint's query threads (with a store)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 
-from . import duck, retention
+from . import duck, retention, sql_filter
 from .batch import BODIES, CHUNKS, REQUESTS, Table
 from .migrations import migrate
 
@@ -58,7 +59,8 @@ _DATA_ERRORS: tuple[type[BaseException], ...] = (
     AttributeError,
 )
 
-READ_ONLY = "only read-only queries (one SELECT, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN) run through the proxy"
+READ_ONLY = sql_filter.READ_ONLY
+FIRST_BATCH_ROWS = 16  # a query's answer is fetched in batches of at most 1/8 of its byte cap, sized from this first
 
 
 class StoreError(Exception):
@@ -487,25 +489,37 @@ class Store:
     # -- queries while serving -------------------------------------------------
 
     def query(
-        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000
+        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000, *,
+        max_bytes: int | None = None, stop: "QueryStop | None" = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        """Run one read-only statement: (column names, DuckDB type names, at most max_rows rows)."""
-        _check_read_only(sql)
+        """Run one read-only statement (sql_filter.check): (column names, DuckDB type names, at most
+        max_rows rows). `max_bytes`: the answer's rows as JSON are at most this long, else
+        ResultTooLarge. `stop`: another thread may stop the query with it (QueryStop.stop)."""
         with self._con_lock:
             if self._con is None:
                 raise StoreError("the database is not open (it is reopened after a write error; try again)")
             cur = self._con.cursor()
         try:
-            return self._run_query(cur, sql, params, max_rows)
+            if stop is not None:
+                stop.attach(cur)
+            sql_filter.check(sql, cur)
+            return self._run_query(cur, sql, params, max_rows, max_bytes, stop)
+        except sql_filter.Refused as exc:
+            raise StoreError(str(exc)) from None
         except duckdb.Error as exc:
+            if stop is not None and stop.reason is not None:
+                raise QueryStopped(stop.reason) from None
             read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
             raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
         finally:
+            if stop is not None:
+                stop.detach()
             with contextlib.suppress(duckdb.Error):
                 cur.close()
 
     def _run_query(
-        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int
+        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,
+        max_bytes: int | None = None, stop: "QueryStop | None" = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         if self.query_setup is not None:
             self.query_setup(cur)
@@ -513,11 +527,72 @@ class Store:
         try:
             cur.execute(sql, params)
             description = cur.description or []
-            rows = cur.fetchmany(max_rows) if description else []
+            rows = _fetch(cur, max_rows, max_bytes, stop) if description else []
         finally:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
         return [d[0] for d in description], [str(d[1]) for d in description], rows
+
+
+class QueryStopped(StoreError):
+    """An admin query stopped from outside (its timeout, its client gone, the proxy stopping)."""
+
+
+class ResultTooLarge(StoreError):
+    pass
+
+
+class QueryStop:
+    """One query's cursor, for another thread to interrupt (DuckDB's `interrupt()`) with a reason."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cur: duckdb.DuckDBPyConnection | None = None
+        self.reason: str | None = None
+
+    def attach(self, cur: duckdb.DuckDBPyConnection) -> None:
+        with self._lock:
+            if self.reason is not None:
+                raise QueryStopped(self.reason)
+            self._cur = cur
+
+    def detach(self) -> None:
+        with self._lock:
+            self._cur = None
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            self.reason = self.reason or reason
+            if self._cur is not None:
+                with contextlib.suppress(duckdb.Error):
+                    self._cur.interrupt()
+
+    def check(self) -> None:
+        if self.reason is not None:
+            raise QueryStopped(self.reason)
+
+
+def _fetch(cur: duckdb.DuckDBPyConnection, max_rows: int, max_bytes: int | None,
+           stop: QueryStop | None) -> list[tuple[Any, ...]]:
+    """The answer's rows, batch by batch, with a running total of their size as JSON."""
+    if max_bytes is None:
+        return cur.fetchmany(max_rows)
+    rows: list[tuple[Any, ...]] = []
+    size, batch = 0, FIRST_BATCH_ROWS
+    while len(rows) < max_rows:
+        got = cur.fetchmany(min(batch, max_rows - len(rows)))
+        if not got:
+            break
+        size += len(orjson.dumps(got, default=str))
+        if size > max_bytes:
+            raise ResultTooLarge(
+                f"the answer is larger than the {max_bytes / 2**20:g} MiB that a query through the proxy may "
+                "return (serve --sql-max-mb): select fewer rows or columns, or aggregate")
+        if stop is not None:
+            stop.check()
+        rows.extend(got)
+        batch = max(1, min(2048, len(rows) * max_bytes // (8 * size)))
+    return rows
 
 
 def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
@@ -530,16 +605,6 @@ def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
         return []
     mid = len(rows) // 2
     return [[(table, rows[:mid])], [(table, rows[mid:])]]
-
-
-def _check_read_only(sql: str) -> None:
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise StoreError(str(exc)) from exc
-    allowed = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-    if len(statements) != 1 or statements[0].type not in allowed:
-        raise StoreError(READ_ONLY)
 
 
 def open_readonly(path: str | Path) -> duckdb.DuckDBPyConnection:
