@@ -10,6 +10,7 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
+from .body_budget import BodyBudget
 from .config import ServeConfig
 from .guard import Guard
 from .looplag import LoopLag
@@ -31,7 +32,8 @@ class ProxyState:
     client_key: str | None = field(default=None, repr=False)  # what clients present where a route injects a key
     guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names
     session: aiohttp.ClientSession = field(init=False)
-    recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
+    recorder: Recorder = field(init=False)
+    body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together  # every request's life: meters, in flight, rows to the observers
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
     # serve --workers N (proxy/workers.py): the primary's supervisor of its workers (their health),
@@ -42,6 +44,7 @@ class ProxyState:
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)
+        self.body_budget = BodyBudget(self.config.body_memory_bytes)
         if not self.config.quiet:
             self.recorder.observe(log_observer(self.report))
 
