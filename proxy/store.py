@@ -60,7 +60,7 @@ _DATA_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 READ_ONLY = sql_filter.READ_ONLY
-FIRST_BATCH_ROWS = 16  # a query's answer is fetched in batches of at most 1/8 of its byte cap, sized from this first
+FIRST_BATCH_ROWS = 1  # a query's answer is fetched in batches of at most 1/8 of its byte cap, sized from the rows so far
 
 
 class StoreError(Exception):
@@ -525,6 +525,8 @@ class Store:
             self.query_setup(cur)
         cur.execute("BEGIN TRANSACTION READ ONLY")
         try:
+            if stop is not None:
+                stop.check()
             cur.execute(sql, params)
             description = cur.description or []
             rows = _fetch(cur, max_rows, max_bytes, stop) if description else []
@@ -563,7 +565,14 @@ class QueryStop:
     def stop(self, reason: str) -> None:
         with self._lock:
             self.reason = self.reason or reason
-            if self._cur is not None:
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Interrupt the cursor's statement, if stopped. DuckDB forgets an interrupt when the next
+        statement begins (one of the query's setup statements, say): its owner calls this again
+        until the query has ended (admin_sql.AdminSql)."""
+        with self._lock:
+            if self.reason is not None and self._cur is not None:
                 with contextlib.suppress(duckdb.Error):
                     self._cur.interrupt()
 
