@@ -4,7 +4,7 @@ a timeout, stopped when its client leaves or the proxy stops.
 A query never runs on the event loop's default executor: there, queries the clients had given up on
 kept running, took every thread, and the shutdown's flush waited behind them (the stopped process
 kept the database locked). Here, THREADS daemon threads run queries; QUEUE more wait; past that the
-endpoint answers 503. A query is interrupted (DuckDB's `interrupt()`, store.QueryStop) when its
+endpoint answers 503. A query is interrupted (DuckDB's `interrupt()`, query_limits.QueryStop) when its
 timeout passes, when its client goes away (aiohttp cancels the handler), and at `close()`.
 """
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .store import QueryStop, QueryStopped
+from .query_limits import QueryStop, QueryStopped
 
 THREADS = 2
 QUEUE = 4  # queries waiting for a thread; one more is answered 503 busy
@@ -52,7 +52,7 @@ class AdminSql:
             thread.start()
 
     async def run(self, fn: Callable[[QueryStop], Any]) -> Any:
-        """fn(stop) in one of the threads; raises Busy, Closed, or QueryStopped (store) past the timeout
+        """fn(stop) in one of the threads; raises Busy, Closed, or QueryStopped (query_limits) past the timeout
         or when cancelled (the cancellation goes on after the query is interrupted)."""
         stop = QueryStop()
         loop = asyncio.get_running_loop()

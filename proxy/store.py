@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import orjson
 
 from . import duck, retention, sql_filter
+from .query_limits import QueryStop, QueryStopped, fetch_capped
 from .batch import BODIES, CHUNKS, REQUESTS, Table
 from .migrations import migrate
 
@@ -60,7 +60,6 @@ _DATA_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 READ_ONLY = sql_filter.READ_ONLY
-FIRST_BATCH_ROWS = 1  # a query's answer is fetched in batches of at most 1/8 of its byte cap, sized from the rows so far
 
 
 class StoreError(Exception):
@@ -490,7 +489,7 @@ class Store:
 
     def query(
         self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000, *,
-        max_bytes: int | None = None, stop: "QueryStop | None" = None,
+        max_bytes: int | None = None, stop: QueryStop | None = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         """Run one read-only statement (sql_filter.check): (column names, DuckDB type names, at most
         max_rows rows). `max_bytes`: the answer's rows as JSON are at most this long, else
@@ -519,7 +518,7 @@ class Store:
 
     def _run_query(
         self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,
-        max_bytes: int | None = None, stop: "QueryStop | None" = None,
+        max_bytes: int | None = None, stop: QueryStop | None = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         if self.query_setup is not None:
             self.query_setup(cur)
@@ -529,79 +528,11 @@ class Store:
                 stop.check()
             cur.execute(sql, params)
             description = cur.description or []
-            rows = _fetch(cur, max_rows, max_bytes, stop) if description else []
+            rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
         finally:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
         return [d[0] for d in description], [str(d[1]) for d in description], rows
-
-
-class QueryStopped(StoreError):
-    """An admin query stopped from outside (its timeout, its client gone, the proxy stopping)."""
-
-
-class ResultTooLarge(StoreError):
-    pass
-
-
-class QueryStop:
-    """One query's cursor, for another thread to interrupt (DuckDB's `interrupt()`) with a reason."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cur: duckdb.DuckDBPyConnection | None = None
-        self.reason: str | None = None
-
-    def attach(self, cur: duckdb.DuckDBPyConnection) -> None:
-        with self._lock:
-            if self.reason is not None:
-                raise QueryStopped(self.reason)
-            self._cur = cur
-
-    def detach(self) -> None:
-        with self._lock:
-            self._cur = None
-
-    def stop(self, reason: str) -> None:
-        with self._lock:
-            self.reason = self.reason or reason
-        self.interrupt()
-
-    def interrupt(self) -> None:
-        """Interrupt the cursor's statement, if stopped. DuckDB forgets an interrupt when the next
-        statement begins (one of the query's setup statements, say): its owner calls this again
-        until the query has ended (admin_sql.AdminSql)."""
-        with self._lock:
-            if self.reason is not None and self._cur is not None:
-                with contextlib.suppress(duckdb.Error):
-                    self._cur.interrupt()
-
-    def check(self) -> None:
-        if self.reason is not None:
-            raise QueryStopped(self.reason)
-
-
-def _fetch(cur: duckdb.DuckDBPyConnection, max_rows: int, max_bytes: int | None,
-           stop: QueryStop | None) -> list[tuple[Any, ...]]:
-    """The answer's rows, batch by batch, with a running total of their size as JSON."""
-    if max_bytes is None:
-        return cur.fetchmany(max_rows)
-    rows: list[tuple[Any, ...]] = []
-    size, batch = 0, FIRST_BATCH_ROWS
-    while len(rows) < max_rows:
-        got = cur.fetchmany(min(batch, max_rows - len(rows)))
-        if not got:
-            break
-        size += len(orjson.dumps(got, default=str))
-        if size > max_bytes:
-            raise ResultTooLarge(
-                f"the answer is larger than the {max_bytes / 2**20:g} MiB that a query through the proxy may "
-                "return (serve --sql-max-mb): select fewer rows or columns, or aggregate")
-        if stop is not None:
-            stop.check()
-        rows.extend(got)
-        batch = max(1, min(2048, len(rows) * max_bytes // (8 * size)))
-    return rows
 
 
 def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
