@@ -248,6 +248,12 @@ class LiveProxy:
         return ["/"]
 
     @property
+    def warnings(self) -> list[str]:
+        """What the proxy says needs a look: writes to its database failing, the file removed while serving."""
+        found = self.health.get("warnings")
+        return [str(w) for w in found] if isinstance(found, list) else []
+
+    @property
     def url_tags(self) -> bool:
         """Whether the proxy strips a leading /_tag/<tag> and records it as the tag."""
         return self.health.get("url_tags") is True
