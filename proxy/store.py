@@ -194,6 +194,11 @@ class Store:
         self._report(f"llmtap store: closed without writing {lost[0]} request row(s) and {lost[1]} chunk row(s)"
                      f" to {self.path} ({before['last_error']})")
 
+    @property
+    def closed(self) -> bool:
+        """close() was called: rows put from now on are dropped."""
+        return self._closed
+
     def _close_connection(self) -> None:
         with self._con_lock, duck.private_umask():
             for con in (self._cur, self._con):
