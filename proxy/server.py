@@ -254,6 +254,7 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
     listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/workers.py)."""
     from .workers import Workers
 
+    running.remove_stale_sockets()  # those of primaries of `serve --workers` killed before their stop
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

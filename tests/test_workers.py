@@ -343,3 +343,45 @@ async def test_rows_a_worker_finishes_after_its_primary_is_killed_are_written_on
     assert {tag for tag, _ in rows} <= set(ended)  # rows only of streams that came whole
     assert chunks[1] == len(rows) and chunks[0] >= 40 * len(rows)  # each request's chunk rows came with it
     print(f"primary killed: {len(after)} of 24 streams finished by the worker, {len(rows)} rows after the restart")
+
+
+async def test_private_sockets_killed_primaries_left_are_removed_at_start_and_nothing_else(
+        sim: Simulator, tmp_path: Path) -> None:
+    import socket
+
+    db = tmp_path / "sockets.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    proc.kill()
+    stop(proc)
+    for _ in range(300):
+        if gone(state.workers[0]):
+            break
+        await asyncio.sleep(0.05)
+    run_dir = paths.state_dir()
+    left = run_dir / f"{state.port}.{proc.pid}.sock"
+    assert left.exists()  # what a killed primary leaves
+    outside = tmp_path / "outside.sock"
+    keep = []
+    with socket.socket(socket.AF_UNIX) as bound, socket.socket(socket.AF_UNIX) as listening, \
+            socket.socket(socket.AF_UNIX) as others:
+        bound.bind(str(outside))  # a socket elsewhere, named by a symlink in the run directory
+        (run_dir / f"1.{proc.pid}.sock").symlink_to(outside)
+        keep.append(run_dir / f"1.{proc.pid}.sock")
+        (run_dir / f"2.{proc.pid}.sock").write_bytes(b"")  # not a socket
+        keep.append(run_dir / f"2.{proc.pid}.sock")
+        listening.bind(str(run_dir / f"3.{os.getpid()}.sock"))  # a live process listens on it
+        listening.listen()
+        keep.append(run_dir / f"3.{os.getpid()}.sock")
+        others.bind(str(run_dir / f"4.{proc.pid}.sock"))  # another user's
+        os.chown(run_dir / f"4.{proc.pid}.sock", 65534, 65534)
+        keep.append(run_dir / f"4.{proc.pid}.sock")
+        (run_dir / "notes.sock").write_bytes(b"")  # not a name of ours
+        keep.append(run_dir / "notes.sock")
+        with socket.socket(socket.AF_UNIX) as reused:  # its pid alive (pid reuse) but nobody listens
+            reused.bind(str(run_dir / f"5.{os.getpid()}.sock"))
+        proc, state = await start_serve(sim.url, db)
+        out, err = stop(proc)
+        assert proc.returncode == 0, err
+        assert not left.exists() and not (run_dir / f"5.{os.getpid()}.sock").exists()
+        assert all(os.path.lexists(path) for path in keep), sorted(os.listdir(run_dir))
+        assert outside.exists()
