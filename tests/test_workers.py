@@ -385,3 +385,39 @@ async def test_private_sockets_killed_primaries_left_are_removed_at_start_and_no
         assert not left.exists() and not (run_dir / f"5.{os.getpid()}.sock").exists()
         assert all(os.path.lexists(path) for path in keep), sorted(os.listdir(run_dir))
         assert outside.exists()
+
+
+async def test_a_spill_file_someone_else_could_have_written_is_left_alone(sim: Simulator, tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from proxy import spill
+
+    db = tmp_path / "planted.duckdb"
+    run_dir = running.private_dir()
+
+    def planted(n: int) -> Path:
+        row = {"id": f"{n:032x}", "status": 200, "outcome": "ok", "started_at": datetime.now(timezone.utc),
+               "tag": f"p{n}"}
+        made = spill.write([(row, [], None)], db)
+        return made.rename(run_dir / f"spill-{n}.jsonl")
+
+    good = planted(1)
+    planted(2).chmod(0o644)  # others can read it
+    planted(3).chmod(0o620)  # others can write it
+    os.chown(planted(4), 65534, 65534)  # another user's
+    outside = planted(5).rename(tmp_path / "spill-5.jsonl")
+    (run_dir / "spill-5.jsonl").symlink_to(outside)
+    proc, state = await start_serve(sim.url, db)
+    try:
+        async with fresh_connections() as s:
+            admin = running.AdminClient(state.url, state.admin_token)
+            assert await count_until(s, admin, 1) == 1
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert not good.exists() and outside.exists()
+    assert all((run_dir / f"spill-{n}.jsonl").exists() for n in (2, 3, 4)) and os.path.islink(run_dir / "spill-5.jsonl")
+    assert err.count("left ") == 4, err
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT list(tag) FROM requests").fetchone()[0] == ["p1"]
+    con.close()
