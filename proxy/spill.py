@@ -24,8 +24,9 @@ import contextlib
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -82,7 +83,7 @@ def load(store: Any, db: Path, report: Callable[[str], None]) -> int:
     for path in _files():
         try:
             found = _read(path, db)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # not ours, or not a spill file
             report(f"llmtap: left {path} alone: {exc}")
             continue
         if found is None:  # another database's
@@ -128,13 +129,16 @@ def _read(path: Path, db: Path) -> list[Spilled] | None:
         raise ValueError("not a spill file of this llmtap")
     if not running.same_file(str(head.get("db")), db):
         return None
-    return [_entry(orjson.loads(line)) for line in lines[1:] if line]
+    try:
+        return [_entry(orjson.loads(line)) for line in lines[1:] if line]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"a line that is not a spilled request ({exc!r})") from None
 
 
 def _entry(data: Any) -> Spilled:
     row, chunks, body = data["row"], data["chunks"] or [], data["body"]
     if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-        raise ValueError("a spilled request without its id")
+        raise ValueError("a spilled request without its id")  # noqa: TRY004 - bad data, as the others
     if any(len(c) != len(CHUNK_COLUMNS) for c in chunks) or (body is not None and len(body) != len(BODY_COLUMNS)):
         raise ValueError("a spilled chunk or body row of another shape")
     return row, [tuple(c) for c in chunks], tuple(body) if body is not None else None
