@@ -105,7 +105,9 @@ def health(state: ProxyState) -> dict[str, Any]:
     store = state.store
     stats = store.stats() if store is not None else None
     return {
-        "ok": True,  # serving; what needs a look (the database file removed while serving) is in "warnings"
+        # "ok": serving (every admin client finds the proxy by it); what needs a look is in "warnings": writes
+        # to the database failing (a full disk; since when, what waits and what was dropped), the file removed
+        "ok": True,
         "warnings": stats["warnings"] if stats is not None else [],
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,

@@ -254,6 +254,7 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
     listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/workers.py)."""
     from .workers import Workers
 
+    running.remove_stale_sockets()  # those of primaries of `serve --workers` killed before their stop
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -281,14 +282,28 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
                    f"{', '.join(map(str, pool.pids()))}")
         if proxy.store is not None:
             report(f"recording to {config.db_path}  (query it: llmtap sql \"SELECT * FROM requests\")")
+        spilled = asyncio.create_task(_load_spills(proxy, report)) if proxy.store is not None else None
         try:
             await stop.wait()
         finally:
+            if spilled is not None:
+                spilled.cancel()
             report("llmtap: stopping, flushing rows ...")
             running.clear_state(state_file)
             if pool is not None:  # the workers' last rows reach the store before it closes
                 await asyncio.gather(pool.stop(), proxy.stop_serving())
     report("llmtap: stopped")
+
+
+async def _load_spills(proxy: RunningProxy, report: Callable[[str], None]) -> None:
+    """The rows workers kept when their primary died (proxy/spill.py): at the start, then every RESCAN_S
+    (a worker of the primary that died may still be finishing its requests as this one starts)."""
+    from . import spill
+
+    loop = asyncio.get_running_loop()
+    while True:
+        await loop.run_in_executor(None, spill.load, proxy.store, proxy.config.db_path, report)
+        await asyncio.sleep(spill.RESCAN_S)
 
 
 def run(coro_fn: Callable[[], Any]) -> Any:

@@ -54,6 +54,9 @@ def port(config: ServeConfig, live: LiveProxy | None) -> Check:
 def database(db_path: Path, live: LiveProxy | None) -> Check:
     subject = f"database {db_path}"
     if live is not None and live.db and running.same_file(live.db, db_path):
+        if warnings := live.warnings:
+            return fail(subject, f"the running llmtap serve (pid {live.pid}) reports: {warnings[0]}",
+                        "free space on its disk (or fix what the message names): the waiting rows are written then")
         return ok(subject, f"held by the running llmtap serve (pid {live.pid}); llmtap sql/report query it through it")
     if not db_path.exists():
         parent = next((p for p in db_path.parents if p.exists()), None)
