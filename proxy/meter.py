@@ -28,6 +28,7 @@ import random
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
+from time import perf_counter_ns
 from typing import Any
 
 from multidict import CIMultiDictProxy
@@ -96,7 +97,8 @@ class Meter:
         tag: str | None,
     ) -> None:
         self.id = next_id()
-        self.started_at = datetime.now(timezone.utc)
+        # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
+        self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
         self.received = received_ns
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag

@@ -8,7 +8,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import brotli
 import orjson
@@ -19,7 +19,7 @@ from .config import BadOverride, SimConfig, with_overrides
 from .errors import Api
 from .pacing import TokenClock
 from .state import STATE, SimState
-from .tokens import count_input_tokens
+from .tokens import carries_tool_result, count_input_tokens, split_arguments, tool_arg_pieces
 
 try:
     from compression import zstd  # type: ignore[import-not-found]
@@ -55,6 +55,18 @@ class SimError(Exception):
 
 def new_request_id() -> str:
     return "req_" + uuid.uuid4().hex[:24]
+
+
+class ToolCall(NamedTuple):
+    """One call a tool-call answer asks for."""
+
+    suffix: str  # the tail of its ids
+    name: str
+    pieces: list[str]  # its arguments' fragments, joining into a JSON object
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass(slots=True)
@@ -94,7 +106,18 @@ class Exchange:
 
     @property
     def tool_call(self) -> bool:
-        return self.config.tool_call
+        """Whether this answer is a tool call: asked for, and (tool_script) the request does not
+        bring a tool's result already."""
+        return self.config.tool_call and not (self.config.tool_script and carries_tool_result(self.body))
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls of a tool-call answer, one per name in `tool_name`: the first's ids end in the
+        exchange's suffix, the others' in the suffix and their position."""
+        names = self.config.tool_name.split(",")
+        args = self.config.tool_args
+        pieces = split_arguments(args, self.output) if args is not None else tool_arg_pieces(self.output)
+        return [ToolCall(self.suffix + (f"_{i}" if i else ""), name, pieces) for i, name in enumerate(names)]
 
     @property
     def suffix(self) -> str:

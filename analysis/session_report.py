@@ -1,0 +1,154 @@
+"""`llmtap sessions` and `llmtap session ID`: the sessions of `timeline.py` as text and JSON.
+
+The list shows each session's wall time and the shares of it that went to the model (waiting for
+the first token / generating), the tools (the three that took longest) and you. One session is a
+text Gantt chart, a line per span on one time scale, then the totals ("/usage, but for time").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from .formatting import dumps, fmt_count, fmt_usd, layout, truncate
+from .report import fmt_wall
+from .timeline import Session, Span, ToolRuns, Totals
+
+GANTT_WIDTH = 36
+TOP_TOOLS = 3
+
+
+def fmt_s(seconds: float | None) -> str:
+    """0.123 -> '123ms', 42.5 -> '42.5s', 754 -> '12m34s'."""
+    if seconds is not None and seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return fmt_wall(seconds)
+
+
+def when(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def top_tools(totals: Totals, n: int = TOP_TOOLS) -> str:
+    tools = list(totals.tools_s.items())[:n]
+    return " ".join(f"{name} {share(s, totals.wall_s)}" for name, s in tools) or "-"
+
+
+def session_json(s: Session, spans: bool = False) -> dict[str, Any]:
+    t = s.totals
+    out: dict[str, Any] = {
+        "session": s.key, "session_id": s.session_id, "inferred": s.inferred, "tool": s.tool,
+        "start": datetime.fromtimestamp(s.start_s, timezone.utc).isoformat(), "wall_s": round(t.wall_s, 3),
+        "turns": s.turns, "requests": s.requests, "models": s.models,
+        "totals": {"model_s": round(t.model_s, 3), "wait_s": round(t.wait_s, 3), "generating_s": round(t.generating_s, 3),
+                   "tool_s": round(t.tool_s, 3), "tools_s": {k: round(v, 3) for k, v in t.tools_s.items()},
+                   "you_s": round(t.you_s, 3), "other_s": round(t.other_s, 3)},
+        "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cost_usd": s.cost_usd, "slow": s.slow,
+    }
+    if spans:
+        out["spans"] = [span_json(sp, s.start_s) for sp in s.spans]
+    return out
+
+
+def span_json(span: Span, origin: float) -> dict[str, Any]:
+    return {"kind": span.kind, "part": span.part, "start_s": round(span.start_s - origin, 6),
+            "seconds": None if span.seconds is None else round(span.seconds, 6), "open": span.end_s is None,
+            "request_id": span.request_id, "model": span.model}
+
+
+def render_sessions(found: list[Session], fmt: str) -> str:
+    if fmt == "json":
+        return dumps([session_json(s) for s in found])
+    if not found:
+        return "no sessions in this window (sessions are made of generations: see `llmtap report --by session`)\n"
+    rows = []
+    for s in found:
+        t = s.totals
+        key = ("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14)
+        rows.append([key + (" !" if s.slow else ""), when(s.start_s)[:16], s.tool or "-", fmt_s(t.wall_s),
+                     str(s.turns), str(s.requests),
+                     f"{share(t.model_s, t.wall_s)} ({share(t.wait_s, t.wall_s)}/{share(t.generating_s, t.wall_s)})",
+                     top_tools(t), share(t.you_s, t.wall_s), fmt_count(s.output_tokens), fmt_usd(s.cost_usd)])
+    headers = ["session", "start (UTC)", "tool", "wall", "turns", "reqs", "model (wait/gen)", "tools (top 3)",
+               "you", "out", "cost"]
+    right = [False, False, False, True, True, True, False, False, True, True, True]
+    text = layout(headers, rows, right)
+    notes = []
+    if any(s.inferred for s in found):
+        notes.append("~ inferred: the tool sends no session id, so its requests are grouped by tool and key.")
+    for s in found:
+        if s.slow:
+            notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
+    notes.append("Shares of wall time, each instant once: model (first-token wait / generating), tools, you.")
+    return text + "\n".join(notes) + "\n"
+
+
+def render_session(s: Session, fmt: str) -> str:
+    if fmt == "json":
+        return dumps(session_json(s, spans=True))
+    t = s.totals
+    wall = max(t.wall_s, 1e-9)
+    head = (f"session {s.key}{' (inferred)' if s.inferred else ''}, {s.tool or 'unknown tool'}, "
+            f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {s.requests} requests, {s.turns} turns")
+    lines = [head, ""]
+    for span in s.spans:
+        lines.append(_gantt_line(span, s.start_s, wall, s.end_s))
+    lines += ["", *_totals_lines(t, s)]
+    if s.slow:
+        lines.append(f"Slow: {s.slow}.")
+    return "\n".join(lines) + "\n"
+
+
+def _gantt_line(span: Span, origin: float, wall: float, end: float) -> str:
+    start = span.start_s - origin
+    stop = (span.end_s if span.end_s is not None else end) - origin
+    a = min(GANTT_WIDTH - 1, int(start / wall * GANTT_WIDTH))
+    b = max(a + 1, min(GANTT_WIDTH, round(stop / wall * GANTT_WIDTH)))
+    bar = " " * a + ("░" if span.end_s is None else "█") * (b - a) + " " * (GANTT_WIDTH - b)
+    label = span.part if span.kind != "model" else f"{span.part} {span.model or ''}".rstrip()
+    seconds = "open" if span.end_s is None else fmt_s(span.seconds)
+    return f"{fmt_s(start):>7}  {span.kind:<5}  {truncate(label, 22):<22}  |{bar}|  {seconds:>7}"
+
+
+def _totals_lines(t: Totals, s: Session) -> list[str]:
+    lines = [f"Time, wall {fmt_s(t.wall_s)}, each instant counted once:",
+             f"  model   {fmt_s(t.model_s):>7}  {share(t.model_s, t.wall_s):>4}   first token {fmt_s(t.wait_s)}"
+             f" ({share(t.wait_s, t.wall_s)}), generating {fmt_s(t.generating_s)} ({share(t.generating_s, t.wall_s)})",
+             f"  tools   {fmt_s(t.tool_s):>7}  {share(t.tool_s, t.wall_s):>4}   "
+             + (", ".join(f"{truncate(n, 24)} {fmt_s(v)}" for n, v in t.tools_s.items()) or "-"),
+             f"  you     {fmt_s(t.you_s):>7}  {share(t.you_s, t.wall_s):>4}",
+             f"  other   {fmt_s(t.other_s):>7}  {share(t.other_s, t.wall_s):>4}   (none of the above: overlaps ended, gaps)"]
+    runs = sorted((sp for sp in s.spans if sp.kind == "tool" and sp.end_s is not None), key=lambda sp: -(sp.seconds or 0))
+    if runs:
+        lines.append("Longest tool runs: " + ", ".join(
+            f"{truncate(sp.part, 24)} {fmt_s(sp.seconds)} (at +{fmt_s(sp.start_s - s.start_s)})" for sp in runs[:5]))
+    opened = [sp for sp in s.spans if sp.end_s is None]
+    if opened:
+        lines.append("Open: " + ", ".join(f"{truncate(sp.part, 24)} since +{fmt_s(sp.start_s - s.start_s)}"
+                                          " (its result never came)" for sp in opened))
+    if s.input_tokens is not None or s.output_tokens is not None:
+        lines.append(f"Tokens: {fmt_count(s.input_tokens)} in, {fmt_count(s.output_tokens)} out; cost {fmt_usd(s.cost_usd)}")
+    return lines
+
+
+def render_tool_runs(runs: list[ToolRuns], fmt: str) -> str:
+    """`llmtap report --by tool_name`: each tool's run time across sessions."""
+    points = (0.5, 0.95, 0.99)
+    if fmt == "json":
+        return dumps({"by": "tool_name", "groups": [
+            {"tool_name": r.name, "runs": len(r.seconds), "open": r.open, "total_s": round(sum(r.seconds), 3),
+             **{f"p{round(q * 100)}_s": None if r.quantile(q) is None else round(r.quantile(q), 3) for q in points},
+             "max_s": round(max(r.seconds), 3) if r.seconds else None} for r in runs]})
+    if not runs:
+        return "no tool runs in this window (tools are seen where a response asks for one)\n"
+    rows = [[r.name, str(len(r.seconds)), str(r.open), *(fmt_s(r.quantile(q)) for q in points),
+             fmt_s(max(r.seconds) if r.seconds else None), fmt_s(sum(r.seconds))] for r in runs]
+    text = layout(["tool", "runs", "open", "p50", "p95", "p99", "max", "total"], rows,
+                  [False, True, True, True, True, True, True, True], groups=["", "", "", "run time", "run time",
+                                                                            "run time", "run time", ""])
+    return text + ("Run time: from the response that asked for the call to the request that brought its result"
+                   " (calls made together share a span). Open: no result came.\n")
