@@ -341,7 +341,7 @@ def gap_option(f: F) -> F:
 def _sessions(source: Source, filters: Filters, gap_min: float) -> list[Any]:
     from . import timeline
 
-    return timeline.sessions(source, filters, gap_s=gap_min * 60)
+    return timeline.sessions(source.query, filters.where(), gap_s=gap_min * 60)
 
 
 @click.command()

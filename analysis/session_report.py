@@ -152,3 +152,62 @@ def render_tool_runs(runs: list[ToolRuns], fmt: str) -> str:
                                                                             "run time", "run time", ""])
     return text + ("Run time: from the response that asked for the call to the request that brought its result"
                    " (calls made together share a span). Open: no result came.\n")
+
+
+# The HTML report's sessions panel: each part's colour (the TTFT breakdown's palette, analysis/breakdown.py).
+PART_COLORS = (("wait", "first-token wait", "#4e79a7"), ("generating", "generating", "#59a14f"),
+               ("tool", "tools", "#f28e2b"), ("you", "you", "#b07aa1"), ("other", "other", "#d0d4d8"))
+HTML_SESSIONS = 12
+
+
+def html_panel(found: list[Session]) -> str:
+    """The sessions as a panel of the HTML report, HTML and CSS only: a bar per session (the latest
+    first) of where its wall time went, then the latest session's timeline, a row per span."""
+    if not found:
+        return ""
+    import html
+
+    e = html.escape
+    legend = "".join(f'<span><span class="swatch" style="background:{c}"></span>{e(label)}</span> '
+                     for _, label, c in PART_COLORS)
+    rows = []
+    for s in list(reversed(found))[:HTML_SESSIONS]:
+        t = s.totals
+        parts = {"wait": t.wait_s, "generating": t.generating_s, "tool": t.tool_s, "you": t.you_s, "other": t.other_s}
+        wall = t.wall_s or 1.0
+        segments = "".join(f'<span class="seg" style="width:{100 * parts[k] / wall:.3f}%;background:{c}" '
+                           f'title="{e(label)}: {e(fmt_s(parts[k]))}"></span>' for k, label, c in PART_COLORS)
+        rows.append(f'<tr><th scope="row">{e(truncate(s.key, 20))}</th><td>{e(s.tool or "-")}</td>'
+                    f'<td class="n">{e(fmt_s(t.wall_s))}</td><td class="n">{s.requests}</td>'
+                    f'<td class="bar"><div class="stack">{segments}</div></td><td>{e(top_tools(t))}</td></tr>')
+    return ('<section class="panel sessions"><h2>Sessions: where the time went</h2>'
+            '<p class="note">Each session\'s wall time, each instant counted once: the model (waiting for the first '
+            'token, generating), the tools it called (from the response that asked to the request that brought '
+            'the result), you (a finished answer to your next prompt), and other (`llmtap sessions`).</p>'
+            f'<p class="legend">{legend}</p>'
+            '<div class="scroll"><table class="num sessions"><thead><tr><th>Session</th><th>Tool</th><th>Wall</th>'
+            '<th>Requests</th><th>Where the time went</th><th>Top tools</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></div>" + _html_timeline(found[-1], e)
+            + "<style>.sessions td.bar{width:50%;min-width:12rem}.sessions .stack{display:flex;height:1.1rem}"
+            ".sessions .seg{display:block;height:100%}.sessions .legend span{margin-right:.8rem}"
+            ".gantt{position:relative;height:1rem;background:#f4f5f6}.gantt .seg{position:absolute;height:100%}"
+            ".gantt .open{opacity:.45}</style></section>")
+
+
+def _html_timeline(s: Session, e: Any) -> str:
+    colors = {k: c for k, _, c in PART_COLORS}
+    wall = max(s.totals.wall_s, 1e-9)
+    rows = []
+    for span in s.spans:
+        end = span.end_s if span.end_s is not None else s.end_s
+        left, width = 100 * (span.start_s - s.start_s) / wall, max(0.2, 100 * (end - span.start_s) / wall)
+        color = colors["tool"] if span.kind == "tool" else colors.get(span.part, colors["other"])
+        label = span.part if span.kind != "model" else f"{span.part} {span.model or ''}".strip()
+        seconds = "open" if span.end_s is None else fmt_s(span.seconds)
+        rows.append(f'<tr><td class="n">+{e(fmt_s(span.start_s - s.start_s))}</td><td>{e(span.kind)}</td>'
+                    f'<td>{e(truncate(label, 32))}</td><td class="bar"><div class="gantt"><span class="seg'
+                    f'{" open" if span.end_s is None else ""}" style="left:{left:.3f}%;width:{width:.3f}%;'
+                    f'background:{color}"></span></div></td><td class="n">{e(seconds)}</td></tr>')
+    return (f'<h3>The latest session, {e(truncate(s.key, 40))}</h3><div class="scroll"><table class="num sessions">'
+            "<thead><tr><th>At</th><th>Part</th><th>What</th><th>Timeline</th><th>Took</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table></div>")

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from .filters import Filters
-from .source import Source
+Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
@@ -38,10 +37,13 @@ PRIORITY = ("generating", "wait", "tool", "you")
 
 ROWS_SQL = """
 SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, session_id, tool, key_fingerprint,
-  request_model, to_json(tool_calls) AS calls, to_json(tool_results) AS results, input_tokens, output_tokens,
-  cost_usd, tpot_ms, outcome
+  request_model, {calls} AS calls, {results} AS results, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms,
+  outcome
 FROM requests WHERE kind = 'generation' AND {where} ORDER BY started_at, id
 """
+# Columns a database may lack (one recorded before them, a bare table without the views): NULL instead.
+OPTIONAL = {"calls": ("tool_calls", "to_json(tool_calls)"), "results": ("tool_results", "to_json(tool_results)"),
+            "cost": ("cost_usd", "cost_usd")}
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,12 @@ class Session:
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
 
 
-def sessions(source: Source, filters: Filters = Filters(), gap_s: float = GAP_S) -> list[Session]:
-    """The sessions of the generations `filters` selects, oldest first, slow ones flagged."""
-    columns, _, data = source.query(ROWS_SQL.format(where=filters.where()))
+def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
+    """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
+    oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
+    have = set(query("SELECT * FROM requests LIMIT 0")[0])
+    terms = {name: sql if column in have else "NULL" for name, (column, sql) in OPTIONAL.items()}
+    columns, _, data = query(ROWS_SQL.format(where=where, **terms))
     rows = [dict(zip(columns, r)) for r in data]
     found: list[Session] = []
     parts: dict[str, int] = defaultdict(int)

@@ -88,7 +88,7 @@ async def recorded(sim: Simulator, tmp_path: Path) -> tuple[Path, dict[str, floa
 def read_sessions(db: Path, **kwargs: Any) -> list[timeline.Session]:
     source = FileSource(duckdb.connect(str(db), read_only=True))
     try:
-        return timeline.sessions(source, **kwargs)
+        return timeline.sessions(source.query, **kwargs)
     finally:
         source.close()
 
@@ -252,3 +252,15 @@ async def test_a_scripted_two_tool_turn_over_responses_is_one_span(sim: Simulato
     [tool] = [sp for sp in session.spans if sp.kind == "tool"]
     assert tool.part == "exec_command+apply_patch" and tool.calls == ("exec_command", "apply_patch")
     assert tool.seconds >= 0.2 and tool.end_s is not None
+
+
+async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
+    db, _ = recorded
+    [s] = read_sessions(db)
+    page = tmp_path / "report.html"
+    cli("report", "--db", str(db), "--html", str(page))
+    text = page.read_text()
+    panel = text[text.index('<section class="panel sessions">'):]
+    panel = panel[:panel.index("</section>")]
+    assert SESSION[:20] in panel and "lookup" in panel
+    assert panel.count('<div class="gantt">') == len(s.spans)
