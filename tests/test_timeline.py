@@ -264,3 +264,20 @@ async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, 
     panel = panel[:panel.index("</section>")]
     assert SESSION[:20] in panel and "lookup" in panel
     assert panel.count('<div class="gantt">') == len(s.spans)
+
+
+async def test_errors_shows_a_slow_session_as_a_finding(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        async with aiohttp.ClientSession() as s:
+            async def one(session: str, itl: str) -> None:
+                headers = {**FAST, "x-sim-itl-ms": itl, "x-claude-code-session-id": session,
+                           "user-agent": "claude-cli/2.1.197 (external, cli)"}
+                async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
+                                  headers=headers) as r:
+                    await r.read()
+            await asyncio.gather(one("ok-1", "3"), one("ok-2", "3"), one("ok-3", "3"), one("crawl-1", "40"))
+        assert p.flush(10)
+    db = str(tmp_path / "llmtap.duckdb")
+    found = json.loads(cli("errors", "--db", db, "--format", "json"))["slow_sessions"]
+    assert [f["session"] for f in found] == ["crawl-1"] and found[0]["tool"] == "claude-code"
+    assert "slow session crawl-1 (claude-code): TPOT" in cli("errors", "--db", db)
