@@ -14,8 +14,10 @@ from .formatting import dumps, fmt_count, fmt_usd, layout, truncate
 from .report import fmt_wall
 from .timeline import Session, Span, ToolRuns, Totals
 
+WIDTH = 80
 GANTT_WIDTH = 36
 TOP_TOOLS = 3
+PART_NAMES = {"wait": "first token", "you": ""}  # how a span's part reads in the chart (tools: their names)
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -57,7 +59,7 @@ def session_json(s: Session, spans: bool = False) -> dict[str, Any]:
 def span_json(span: Span, origin: float) -> dict[str, Any]:
     return {"kind": span.kind, "part": span.part, "start_s": round(span.start_s - origin, 6),
             "seconds": None if span.seconds is None else round(span.seconds, 6), "open": span.end_s is None,
-            "request_id": span.request_id, "model": span.model}
+            "request_id": span.request_id, "model": span.model, "calls": list(span.calls)}
 
 
 def render_sessions(found: list[Session], fmt: str) -> str:
@@ -65,25 +67,28 @@ def render_sessions(found: list[Session], fmt: str) -> str:
         return dumps([session_json(s) for s in found])
     if not found:
         return "no sessions in this window (sessions are made of generations: see `llmtap report --by session`)\n"
-    rows = []
+    first, second = [], []
     for s in found:
         t = s.totals
-        key = ("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14)
-        rows.append([key + (" !" if s.slow else ""), when(s.start_s)[:16], s.tool or "-", fmt_s(t.wall_s),
-                     str(s.turns), str(s.requests),
-                     f"{share(t.model_s, t.wall_s)} ({share(t.wait_s, t.wall_s)}/{share(t.generating_s, t.wall_s)})",
-                     top_tools(t), share(t.you_s, t.wall_s), fmt_count(s.output_tokens), fmt_usd(s.cost_usd)])
-    headers = ["session", "start (UTC)", "tool", "wall", "turns", "reqs", "model (wait/gen)", "tools (top 3)",
-               "you", "out", "cost"]
-    right = [False, False, False, True, True, True, False, False, True, True, True]
-    text = layout(headers, rows, right)
+        key = ("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14) + (" !" if s.slow else "")
+        first.append([key, when(s.start_s)[:16], s.tool or "-", fmt_s(t.wall_s), str(s.turns), str(s.requests),
+                      fmt_count(s.output_tokens), fmt_usd(s.cost_usd)])
+        second.append([key, share(t.model_s, t.wall_s), share(t.wait_s, t.wall_s), share(t.generating_s, t.wall_s),
+                       top_tools(t), share(t.you_s, t.wall_s), share(t.other_s, t.wall_s)])
+    text = layout(["session", "start (UTC)", "tool", "wall", "turns", "reqs", "out", "cost"], first,
+                  [False, False, False, True, True, True, True, True], limit=WIDTH, shrinkable=[2])
+    text += "\n" + layout(["session", "model", "wait", "gen", "tools (top 3)", "you", "other"], second,
+                          [False, True, True, True, False, True, True],
+                          groups=["", "share of wall time", "share of wall time", "share of wall time",
+                                  "share of wall time", "share of wall time", "share of wall time"],
+                          limit=WIDTH, shrinkable=[4])
     notes = []
     if any(s.inferred for s in found):
         notes.append("~ inferred: the tool sends no session id, so its requests are grouped by tool and key.")
     for s in found:
         if s.slow:
             notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
-    notes.append("Shares of wall time, each instant once: model (first-token wait / generating), tools, you.")
+    notes.append("Each instant once: the model (waiting for its first token, generating), tools, you, other.")
     return text + "\n".join(notes) + "\n"
 
 
@@ -93,7 +98,8 @@ def render_session(s: Session, fmt: str) -> str:
     t = s.totals
     wall = max(t.wall_s, 1e-9)
     head = (f"session {s.key}{' (inferred)' if s.inferred else ''}, {s.tool or 'unknown tool'}, "
-            f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {s.requests} requests, {s.turns} turns")
+            f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {s.requests} requests, {s.turns} turns; "
+            f"{', '.join(s.models) or 'no model named'}")
     lines = [head, ""]
     for span in s.spans:
         lines.append(_gantt_line(span, s.start_s, wall, s.end_s))
@@ -109,9 +115,8 @@ def _gantt_line(span: Span, origin: float, wall: float, end: float) -> str:
     a = min(GANTT_WIDTH - 1, int(start / wall * GANTT_WIDTH))
     b = max(a + 1, min(GANTT_WIDTH, round(stop / wall * GANTT_WIDTH)))
     bar = " " * a + ("░" if span.end_s is None else "█") * (b - a) + " " * (GANTT_WIDTH - b)
-    label = span.part if span.kind != "model" else f"{span.part} {span.model or ''}".rstrip()
     seconds = "open" if span.end_s is None else fmt_s(span.seconds)
-    return f"{fmt_s(start):>7}  {span.kind:<5}  {truncate(label, 22):<22}  |{bar}|  {seconds:>7}"
+    return f"{'+' + fmt_s(start):>8}  {span.kind:<5}  {truncate(PART_NAMES.get(span.part, span.part), 16):<16}  |{bar}|  {seconds:>6}"
 
 
 def _totals_lines(t: Totals, s: Session) -> list[str]:
