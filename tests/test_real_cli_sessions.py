@@ -128,6 +128,33 @@ async def test_claude_code_stopped_mid_tool_leaves_an_open_span(clis: Path, tmp_
     assert span.part == "Bash" and span.end_s is None
 
 
+async def test_claude_code_subagents_running_beside_count_wall_time_once(clis: Path, tmp_path: Path) -> None:
+    """The model calls `Agent` and `Bash` together: the subagent (Claude Code's `Agent` tool) makes its
+    own requests in the same session while the main agent waits on its tools, and the subagent's
+    answer does the same in turn, a few levels deep. Its requests and tools overlap the main agent's
+    tool span: the spans add up to more than the wall time, the totals to exactly it."""
+    marks = tmp_path / "marks"
+    cfg = scripted("Agent,Bash", {"Agent": {"description": "Run the check", "prompt": "run the check",
+                                            "subagent_type": "general-purpose"},
+                                  "Bash": {"command": command(marks), "description": "Sleep a while"}})
+    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        env = base_env(tmp_path / "home", ANTHROPIC_BASE_URL=p.url, **CLAUDE_QUIET)
+        code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
+                                        "--allowedTools", "Bash,Agent"], env, tmp_path)
+        assert code == 0, out + err
+        assert p.flush(10)
+    [session] = read_sessions(tmp_path / "llmtap.duckdb")
+    t = session.totals
+    agents = [s for s in session.spans if s.kind == "tool" and "Agent" in s.calls]
+    assert agents and all(s.end_s is not None for s in session.spans)
+    assert sum(s.seconds for s in session.spans if s.kind != "you") > 1.5 * t.wall_s  # they overlap
+    assert t.model_s + t.tool_s + t.you_s + t.other_s == pytest.approx(t.wall_s, abs=1e-6)
+    times = [float(x) for x in marks.read_text().split()]
+    assert session.start_s <= min(times) and max(times) <= session.end_s
+    print(f"\nsubagents: {session.requests} requests, {len(agents)} Agent spans, wall {t.wall_s:.2f} s, "
+          f"spans {sum(s.seconds for s in session.spans if s.kind != 'you'):.2f} s")
+
+
 async def test_codex_exec_command(clis: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     cfg = scripted("exec_command", {"cmd": command(marks)})

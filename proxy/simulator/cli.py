@@ -47,7 +47,8 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 @click.option("--tool-call", is_flag=True, help="Answer with a tool call instead of text.")
 @click.option("--tool-name", type=str, default=DEFAULTS.tool_name, show_default=True,
               help="The tool a tool call calls; several, comma-separated, are called together (Bash,Read).")
-@click.option("--tool-args", type=str, help="The calls' arguments, one JSON object (default: generated text).")
+@click.option("--tool-args", type=str, help="The calls' arguments, one JSON object (default: generated text); "
+              "with several tools, an object of each one's arguments by name.")
 @click.option("--tool-script", is_flag=True,
               help="An agent's loop: a request whose history ends with a tool result gets text, not a call.")
 @click.option("--error-status", type=click.IntRange(400, 599), help="Answer every request with this HTTP error.")

@@ -47,6 +47,26 @@ def split_arguments(text: str, n: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)]
 
 
+def declared_tools(body: dict[str, Any]) -> set[str] | None:
+    """The names of the tools a request declares (Anthropic's and Responses' `name`, Chat's
+    `function.name`, Gemini's `functionDeclarations`, a built-in tool's `type`); None: it declares none."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    names = set()
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        for name in (tool.get("name"), function.get("name"), tool.get("type")):
+            if isinstance(name, str):
+                names.add(name)
+        for declaration in tool.get("functionDeclarations") or ():
+            if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
+                names.add(declaration["name"])
+    return names
+
+
 def carries_tool_result(body: dict[str, Any]) -> bool:
     """Whether a request's history ends with a tool's result (Anthropic `tool_result` blocks in the
     last user message, a Chat `role: tool` message, a Responses `*_output` item, a Gemini
