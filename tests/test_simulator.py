@@ -427,12 +427,7 @@ def test_mock_upstream_on_a_busy_port_says_so_in_one_line() -> None:
 async def test_the_agent_script_calls_declared_tools_with_their_own_arguments_then_answers() -> None:
     """--tool-script with two tools and arguments per tool: a request that declares only one gets a call
     of that one; a request whose history ends with its result gets text."""
-    import aiohttp
-    import orjson
-
-    from proxy.simulator.config import SimConfig
-
-    args = orjson.dumps({"Agent": {"prompt": "p"}, "Bash": {"command": "true"}}).decode()
+    args = json.dumps({"Agent": {"prompt": "p"}, "Bash": {"command": "true"}})
     config = SimConfig(ttft_ms=0, itl_ms=0, tokens=4, tool_call=True, tool_name="Agent,Bash", tool_args=args,
                        tool_script=True)
     async with Simulator(config) as s, aiohttp.ClientSession() as http:
