@@ -243,9 +243,9 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
                 raise click.ClickException(str(exc)) from None
         elif by == "tool_name":
             from .session_report import render_tool_runs
-            from .timeline import tool_runs
+            from .timeline import tool_names
 
-            text = render_tool_runs(tool_runs(_sessions(source, replace(filters, kinds=()), 30)), fmt)
+            text = render_tool_runs(tool_names(source.query, replace(filters, kinds=()).where()), fmt)
         elif show_breakdown:
             from . import breakdown
 

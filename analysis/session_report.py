@@ -12,7 +12,7 @@ from typing import Any
 
 from .formatting import dumps, fmt_count, fmt_usd, layout, truncate
 from .report import fmt_wall
-from .timeline import Session, Span, ToolRuns, Totals
+from .timeline import Session, Span, Totals
 
 WIDTH = 80
 GANTT_WIDTH = 36
@@ -140,23 +140,20 @@ def _totals_lines(t: Totals, s: Session) -> list[str]:
     return lines
 
 
-def render_tool_runs(runs: list[ToolRuns], fmt: str) -> str:
-    """`llmtap report --by tool_name`: each tool's run time across sessions."""
-    points = (0.5, 0.95, 0.99)
+def render_tool_runs(groups: list[dict[str, Any]], fmt: str) -> str:
+    """`llmtap report --by tool_name`: each tool's run time across sessions (timeline.tool_names)."""
     if fmt == "json":
         return dumps({"by": "tool_name", "groups": [
-            {"tool_name": r.name, "runs": len(r.seconds), "open": r.open, "total_s": round(sum(r.seconds), 3),
-             **{f"p{round(q * 100)}_s": None if r.quantile(q) is None else round(r.quantile(q), 3) for q in points},
-             "max_s": round(max(r.seconds), 3) if r.seconds else None} for r in runs]})
-    if not runs:
+            {k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in groups]})
+    if not groups:
         return "no tool runs in this window (tools are seen where a response asks for one)\n"
-    rows = [[r.name, str(len(r.seconds)), str(r.open), *(fmt_s(r.quantile(q)) for q in points),
-             fmt_s(max(r.seconds) if r.seconds else None), fmt_s(sum(r.seconds))] for r in runs]
+    points = ("p50_s", "p95_s", "p99_s", "max_s", "total_s")
+    rows = [[g["tool_name"] or "?", str(g["runs"]), str(g["open"]), *(fmt_s(g[p]) for p in points)] for g in groups]
     text = layout(["tool", "runs", "open", "p50", "p95", "p99", "max", "total"], rows,
-                  [False, True, True, True, True, True, True, True], groups=["", "", "", "run time", "run time",
-                                                                            "run time", "run time", ""])
-    return text + ("Run time: from the response that asked for the call to the request that brought its result"
-                   " (calls made together share a span). Open: no result came.\n")
+                  [False, True, True, True, True, True, True, True],
+                  groups=["", "", "", "run time", "run time", "run time", "run time", ""], limit=WIDTH, shrinkable=[0])
+    return text + ("A call's run: from the response that asked for it to the request that brought its result."
+                   " Open: no result came.\n")
 
 
 # The HTML report's sessions panel: each part's colour (the TTFT breakdown's palette, analysis/breakdown.py).

@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
@@ -37,13 +35,22 @@ PRIORITY = ("generating", "wait", "tool", "you")
 
 ROWS_SQL = """
 SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, session_id, tool, key_fingerprint,
-  request_model, {calls} AS calls, {results} AS results, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms,
-  outcome
+  request_model, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms, outcome
 FROM requests WHERE kind = 'generation' AND {where} ORDER BY started_at, id
 """
-# Columns a database may lack (one recorded before them, a bare table without the views): NULL instead.
-OPTIONAL = {"calls": ("tool_calls", "to_json(tool_calls)"), "results": ("tool_results", "to_json(tool_results)"),
-            "cost": ("cost_usd", "cost_usd")}
+# Each call of those requests and when its result came (the `tool_runs` view, analysis/views.py).
+RUNS_SQL = """
+SELECT request_id, name, epoch(answered_at) AS answered FROM tool_runs
+WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where}) ORDER BY request_id, position
+"""
+TOOL_NAME_SQL = """
+SELECT name AS tool_name, count(run_ms) AS runs, count(*) - count(run_ms) AS open,
+  quantile_cont(run_ms, 0.5) / 1000 AS p50_s, quantile_cont(run_ms, 0.95) / 1000 AS p95_s,
+  quantile_cont(run_ms, 0.99) / 1000 AS p99_s, max(run_ms) / 1000 AS max_s, coalesce(sum(run_ms), 0) / 1000 AS total_s
+FROM tool_runs WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where})
+GROUP BY name ORDER BY total_s DESC, name
+"""
+Runs = dict[str, list[tuple[str | None, float | None]]]  # request id -> its calls' (name, when the result came)
 
 
 @dataclass(frozen=True)
@@ -103,14 +110,17 @@ class Session:
 def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
     oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
-    have = set(query("SELECT * FROM requests LIMIT 0")[0])
-    terms = {name: sql if column in have else "NULL" for name, (column, sql) in OPTIONAL.items()}
-    columns, _, data = query(ROWS_SQL.format(where=where, **terms))
+    have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
+    columns, _, data = query(ROWS_SQL.format(where=where, cost="cost_usd" if "cost_usd" in have else "NULL"))
     rows = [dict(zip(columns, r)) for r in data]
+    runs: Runs = defaultdict(list)
+    if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
+        for request_id, name, answered in query(RUNS_SQL.format(where=where))[2]:
+            runs[request_id].append((name, answered))
     found: list[Session] = []
     parts: dict[str, int] = defaultdict(int)
     for group in _groups(rows, gap_s):
-        session = timeline(group)
+        session = timeline(group, runs)
         parts[session.key] += 1
         if parts[session.key] > 1:
             session.key = f"{session.key}/{parts[session.key]}"
@@ -147,10 +157,10 @@ def _end(row: dict[str, Any]) -> float:
     return row["t0"] + row["e2e_ms"] / 1000
 
 
-def timeline(rows: list[dict[str, Any]]) -> Session:
-    """One session's spans and totals, from its generations in time order."""
-    spans = [*_model_spans(rows), *_tool_spans(rows)]
-    spans += _you_spans(rows, spans)
+def timeline(rows: list[dict[str, Any]], runs: Runs) -> Session:
+    """One session's spans and totals, from its generations in time order and their tool calls' runs."""
+    spans = [*_model_spans(rows), *_tool_spans(rows, runs)]
+    spans += _you_spans(rows, spans, runs)
     spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
     first = rows[0]
     start, end = first["t0"], max(_end(r) for r in rows)
@@ -180,37 +190,22 @@ def _model_spans(rows: list[dict[str, Any]]) -> Iterable[Span]:
             yield Span("model", "generating", first, end, row["id"], model)
 
 
-def _calls(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return orjson.loads(row["calls"]) or [] if row["calls"] else []
-
-
-def _results(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return orjson.loads(row["results"]) or [] if row["results"] else []
-
-
-def _tool_spans(rows: list[dict[str, Any]]) -> Iterable[Span]:
-    """From each response that asked for tools to the first later request carrying their results."""
-    answered: dict[Any, float] = {}  # call id (or, without one, ("name", tool name)) -> arrival of its result
+def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
+    """From each response that asked for tools to the first later request carrying their results (the
+    last of them: the calls of one response share a span); open while one has not come."""
     for row in rows:
-        for result in _results(row):
-            key = result["id"] if result["id"] is not None else ("name", result["name"])
-            answered.setdefault(key, row["t0"])
-    for row in rows:
-        calls = _calls(row)
+        calls = runs.get(row["id"])
         if not calls:
             continue
-        end = _end(row)
-        ends = [answered.get(c["id"] if c["id"] is not None else ("name", c["name"])) for c in calls]
-        later = [t for t in ends if t is not None and t >= end - 0.001]
-        names = tuple(c["name"] or "?" for c in calls)
-        closed = len(later) == len(ends)
-        yield Span("tool", "+".join(dict.fromkeys(names)), end, max(later) if closed else None, row["id"],
-                   row["request_model"], names)
+        answered = [t for _, t in calls]
+        names = tuple(name or "?" for name, _ in calls)
+        end = None if None in answered else max(answered)  # type: ignore[type-var]
+        yield Span("tool", "+".join(dict.fromkeys(names)), _end(row), end, row["id"], row["request_model"], names)
 
 
-def _you_spans(rows: list[dict[str, Any]], spans: list[Span]) -> list[Span]:
+def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
     """The quiet stretches that follow a response that asked for no tool (and end at a request)."""
-    asked = {row["id"] for row in rows if _calls(row)}
+    asked = {row["id"] for row in rows if runs.get(row["id"])}
     busy = sorted((s.start_s, s.end_s, s) for s in spans if s.end_s is not None)
     found = []
     reach, last = None, None
@@ -249,37 +244,13 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
     return out
 
 
-@dataclass
-class ToolRuns:
-    """One tool's runs across sessions: each call's span, in seconds, and the calls never answered."""
-
-    name: str
-    seconds: list[float] = field(default_factory=list)
-    open: int = 0
-
-    def quantile(self, q: float) -> float | None:
-        """Linear interpolation between the closest ranks, like DuckDB's quantile_cont."""
-        values = sorted(self.seconds)
-        if not values:
-            return None
-        at = q * (len(values) - 1)
-        low = int(at)
-        return values[low] + (values[min(low + 1, len(values) - 1)] - values[low]) * (at - low)
-
-
-def tool_runs(found: Iterable[Session]) -> list[ToolRuns]:
-    """Each tool's runs over the sessions, the tool with the most time first. A call made beside
-    others shares their span (the time until all their results came)."""
-    runs: dict[str, ToolRuns] = {}
-    for s in found:
-        for span in s.spans:
-            for name in span.calls:
-                run = runs.setdefault(name, ToolRuns(name))
-                if span.seconds is None:
-                    run.open += 1
-                else:
-                    run.seconds.append(span.seconds)
-    return sorted(runs.values(), key=lambda r: (-sum(r.seconds), r.name))
+def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
+    """`llmtap report --by tool_name`: each tool's runs (a call's: from the response that asked for it to
+    the request that brought its result), their count, those never answered, percentiles and total."""
+    if "tool_calls" not in query("SELECT * FROM requests LIMIT 0")[0]:
+        return []
+    columns, _, data = query(TOOL_NAME_SQL.format(where=where))
+    return [dict(zip(columns, r)) for r in data]
 
 
 def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
