@@ -77,27 +77,25 @@ def _generations(db: Path) -> set[str]:
         con.close()
 
 
-async def test_claude_code_bash(clis: Path, tmp_path: Path) -> None:
-    marks = tmp_path / "marks"
-    cfg = scripted("Bash", {"command": command(marks), "description": "Sleep a while"})
+async def claude(clis: Path, tmp_path: Path, cfg: SimConfig, tools: str = "Bash") -> None:
+    """`claude -p` allowed `tools`, through the real proxy to the scripted simulator, to its end."""
     async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         env = base_env(tmp_path / "home", ANTHROPIC_BASE_URL=p.url, **CLAUDE_QUIET)
         code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
-                                        "--allowedTools", "Bash"], env, tmp_path)
+                                        "--allowedTools", tools], env, tmp_path)
         assert code == 0, out + err
         assert p.flush(10)
+
+
+async def test_claude_code_bash(clis: Path, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    await claude(clis, tmp_path, scripted("Bash", {"command": command(marks), "description": "Sleep a while"}))
     check_tool_span(tmp_path / "llmtap.duckdb", marks, "Bash")
 
 
 async def test_claude_code_two_bash_calls_at_once_are_one_span(clis: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
-    cfg = scripted("Bash,Bash", {"command": command(marks), "description": "Sleep a while"})
-    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        env = base_env(tmp_path / "home", ANTHROPIC_BASE_URL=p.url, **CLAUDE_QUIET)
-        code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the checks",
-                                        "--allowedTools", "Bash"], env, tmp_path)
-        assert code == 0, out + err
-        assert p.flush(10)
+    await claude(clis, tmp_path, scripted("Bash,Bash", {"command": command(marks), "description": "Sleep a while"}))
     assert len(marks.read_text().split()) == 4  # both ran
     check_tool_span(tmp_path / "llmtap.duckdb", marks, "Bash", calls=2)
 
@@ -137,12 +135,7 @@ async def test_claude_code_subagents_running_beside_count_wall_time_once(clis: P
     cfg = scripted("Agent,Bash", {"Agent": {"description": "Run the check", "prompt": "run the check",
                                             "subagent_type": "general-purpose"},
                                   "Bash": {"command": command(marks), "description": "Sleep a while"}})
-    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        env = base_env(tmp_path / "home", ANTHROPIC_BASE_URL=p.url, **CLAUDE_QUIET)
-        code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
-                                        "--allowedTools", "Bash,Agent"], env, tmp_path)
-        assert code == 0, out + err
-        assert p.flush(10)
+    await claude(clis, tmp_path, cfg, tools="Bash,Agent")
     [session] = read_sessions(tmp_path / "llmtap.duckdb")
     t = session.totals
     agents = [s for s in session.spans if s.kind == "tool" and "Agent" in s.calls]
