@@ -77,13 +77,13 @@ def _timed_socket(addr_info: Any) -> socket.socket:
 class TimedConnector(aiohttp.TCPConnector):
     """aiohttp's TCPConnector, its moments stamped on `CURRENT`'s marks (see the module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, hook_tcp: bool = True, **kwargs: Any) -> None:
         self.resolver = TimedResolver(kwargs.pop("resolver", None) or aiohttp.DefaultResolver())
         if "socket_factory" in inspect.signature(aiohttp.TCPConnector).parameters:
             kwargs["socket_factory"] = _timed_socket
         super().__init__(resolver=self.resolver, **kwargs)
         self._seen: weakref.WeakSet[Any] = weakref.WeakSet()  # the protocols of connections handed out
-        self.hooked = _time_tcp_connects(self)
+        self.hooked = hook_tcp and _time_tcp_connects(self)  # health says it (proxy/fast_paths.py)
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         marks = CURRENT.get()

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from . import running
 from .app import HTTP_LIMITS, make_app, routes_banner
+from . import fast_paths
 from .arrival import Runner
 from .client_key import client_key
 from .config import ConfigError, ServeConfig, admin_token
@@ -95,8 +96,12 @@ class RunningProxy:
             self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
+        try:
+            fast = fast_paths.probe()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=token, client_key=key,
+                                admin_token=token, client_key=key, fast=fast,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
@@ -140,8 +145,8 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-        self.runner = Runner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
-                                    access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
+                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
         try:
             await self._listen()
