@@ -121,7 +121,7 @@ def health(state: ProxyState) -> dict[str, Any]:
 
 def fast_paths(state: ProxyState) -> dict[str, Any]:
     connector = getattr(getattr(state, "session", None), "connector", None)
-    return state.fast.summary(hooked=getattr(connector, "hooked", None))
+    return state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
 
 
 async def metrics(state: ProxyState) -> web.Response:

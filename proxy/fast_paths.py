@@ -63,12 +63,11 @@ class FastPaths:
         return name not in self.refused
 
     def summary(self, hooked: bool | None = None) -> dict[str, Any]:
-        """For health: `hooked` is the upstream connector's own answer (conn_timing.TimedConnector's,
-        None for a connector that does not time connections)."""
+        """For health and doctor: `hooked` is the upstream connector's own answer (conn_timing's
+        `TimedConnector.hooked`; None: no connector to ask)."""
         refused = dict(self.refused)
-        if not hooked and "conn_timing" not in refused:
-            refused["conn_timing"] = ("the upstream connector has no _factory to hook" if hooked is False
-                                      else "the upstream connector does not time connections")
+        if hooked is False and "conn_timing" not in refused:
+            refused["conn_timing"] = "the upstream connector has no _factory to hook, or does not time connections"
         return {"aiohttp": self.aiohttp, "on": [n for n in NAMES if n not in refused],
                 "off": {n: refused[n] for n in NAMES if n in refused}}
 
