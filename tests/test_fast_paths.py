@@ -156,3 +156,14 @@ async def test_health_names_the_one_path_turned_off(tmp_path: Path, monkeypatch:
             health = await r.json()
     assert "conn_timing" in health["fast_paths"]["off"]
     assert "conn_timing" not in health["fast_paths"]["on"]
+
+
+async def test_doctor_says_which_paths_are_off_and_why(tmp_path: Path) -> None:
+    from .test_run import clean_env, llmtap
+
+    env = {**clean_env(tmp_path), fast_paths.ENV: "off:body_pipe"}
+    code, out, err = await llmtap("doctor", "--upstream", "http://127.0.0.1:9", env=env)
+    line = next(line for line in out.splitlines() if " fast paths: " in line)
+    assert line == (f"OK    fast paths: arrival, headers_later, conn_timing on in llmtap serve here (aiohttp "
+                    f"{aiohttp.__version__}); off, the public path runs (slower, as correct): body_pipe: turned off "
+                    "(LLMTAP_FAST_PATHS)") or not TESTED
