@@ -167,3 +167,15 @@ async def test_doctor_says_which_paths_are_off_and_why(tmp_path: Path) -> None:
     assert line == (f"OK    fast paths: arrival, headers_later, conn_timing on in llmtap serve here (aiohttp "
                     f"{aiohttp.__version__}); off, the public path runs (slower, as correct): body_pipe: turned off "
                     "(LLMTAP_FAST_PATHS)") or not TESTED
+
+
+def test_the_package_bound_and_the_probes_agree() -> None:
+    """pyproject.toml's floor is the probe's OLDEST, and the tested release lies inside its range."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [d for d in deps if d.startswith("aiohttp")]
+    major, minor, ceiling = map(int, re.fullmatch(r"aiohttp>=(\d+)\.(\d+),<(\d+)", spec).groups())  # type: ignore[union-attr]
+    assert (major, minor, 0) == fast_paths.OLDEST
+    assert fast_paths.OLDEST <= fast_paths.NEWEST < (ceiling,)
