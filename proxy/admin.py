@@ -112,14 +112,15 @@ def health(state: ProxyState) -> dict[str, Any]:
         "url_tags": True,  # /_tag/<tag>/ base URLs are understood
         "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
                    for r in state.routes.routes],
-        "event_loop_lag": state.loop_lag.summary(),
-        "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/fast_paths.py)  # this process's: with --workers, the primary's
+        "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
+        "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/fast_paths.py)
         "store": stats,
         **({"workers": state.workers.health()} if state.workers is not None else {}),
     }
 
 
 def fast_paths(state: ProxyState) -> dict[str, Any]:
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing."""
     connector = getattr(getattr(state, "session", None), "connector", None)
     return state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
 

@@ -21,9 +21,8 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from aiohttp import web
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp import StreamReader, web
+from aiohttp.web import RequestHandler
 
 
 class _StampingHandler(RequestHandler):

@@ -14,7 +14,8 @@ moments they mark:
   and before the TLS handshake (`tcp_end`; through a forward proxy, the last call: after the
   CONNECT tunnel, before TLS to the upstream). aiohttp has no public hook there: this wraps the
   connector's `_factory` attribute (every aiohttp 3.x connector has it), and without it the
-  handshake counts in `connect_ms` (`tls_ms` NULL).
+  handshake counts in `connect_ms` (`tls_ms` NULL). It is the `conn_timing` fast path
+  (proxy/fast_paths.py: `hook_tcp`), and `hooked` says whether it took (health's `fast_paths`).
 
 A reused connection costs a context variable read and two clock reads; a new one a few more; no
 chunk and no byte costs anything. aiohttp's `TraceConfig` would give most of these moments too,

@@ -27,11 +27,6 @@ from typing import Any, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
-from aiohttp.base_protocol import BaseProtocol
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http_writer import StreamWriter
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
 
 ENV = "LLMTAP_FAST_PATHS"
 NAMES = ("body_pipe", "arrival", "headers_later", "conn_timing")
@@ -126,11 +121,17 @@ def version_refusal(version: str) -> str | None:
     return None
 
 
-def body_pipe_shape(reader: type = StreamReader, client: type = ResponseHandler, server: type = BaseProtocol,
-                    writer: type = StreamWriter) -> str | None:
+def body_pipe_shape(reader: type = aiohttp.StreamReader, client: type | None = None, server: type | None = None,
+                    writer: type | None = None) -> str | None:
     """body_pipe.py: the reader's class switched to `_PipedReader` (its parser's `feed_data` and HTTP
     chunk marks), its `_buffer` and `_protocol` (the upstream connection: `read_timeout`,
-    `pause_reading`, `resume_reading`), the client's `writing_paused` and `StreamWriter.chunked`."""
+    `pause_reading`, `resume_reading`), the client's `writing_paused` and `StreamWriter.chunked`.
+    aiohttp's private modules are imported here: one that moved refuses the path, never the start."""
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.http_writer import StreamWriter
+
+    client, server, writer = client or ResponseHandler, server or BaseProtocol, writer or StreamWriter
     if getattr(reader, "__slots__", None) != READER_SLOTS:
         return f"{_name(reader)}'s fields are not those of aiohttp {_dotted(NEWEST)}"
     if (why := _methods(reader, READER_METHODS)) is not None:
@@ -149,7 +150,7 @@ def body_pipe_shape(reader: type = StreamReader, client: type = ResponseHandler,
     return None
 
 
-def arrival_shape(handler: type = RequestHandler, server: type = web.Server,
+def arrival_shape(handler: type = web.RequestHandler, server: type = web.Server,
                   runner: type = web.AppRunner) -> str | None:
     """arrival.py: `AppRunner._make_server`'s server gets its class switched (its `__call__` makes
     handlers from `_loop` and `_kwargs`); the handler's `data_received` reads `_messages`,

@@ -15,9 +15,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from . import running
+from . import fast_paths, running
 from .app import HTTP_LIMITS, make_app, routes_banner
-from . import fast_paths
 from .arrival import Runner
 from .client_key import client_key
 from .config import ConfigError, ServeConfig, admin_token
