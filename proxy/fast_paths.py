@@ -57,6 +57,14 @@ class FastPaths:
     def on(self, name: str) -> bool:
         return name not in self.refused
 
+    def refusal_note(self) -> str | None:
+        """serve's start-up line when the probe (not LLMTAP_FAST_PATHS) turned a path off."""
+        refused = [name for name, why in self.refused.items() if not why.endswith(f"({ENV})")]
+        if not refused:
+            return None
+        return (f"llmtap: aiohttp {self.aiohttp}: {', '.join(refused)} on the public path (slower, as correct): "
+                f"{self.refused[refused[0]]} (llmtap doctor says more)")
+
     def summary(self, hooked: bool | None = None) -> dict[str, Any]:
         """For health and doctor: `hooked` is the upstream connector's own answer (conn_timing's
         `TimedConnector.hooked`; None: no connector to ask)."""

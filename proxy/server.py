@@ -280,6 +280,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
             report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
+        if note := proxy.state.fast.refusal_note():
+            report(note)
         if pool is not None:
             report(f"  {workers} processes: this one (pid {os.getpid()}, the database) and workers "
                    f"{', '.join(map(str, pool.pids()))}")

@@ -179,3 +179,14 @@ def test_the_package_bound_and_the_probes_agree() -> None:
     major, minor, ceiling = map(int, re.fullmatch(r"aiohttp>=(\d+)\.(\d+),<(\d+)", spec).groups())  # type: ignore[union-attr]
     assert (major, minor, 0) == fast_paths.OLDEST
     assert fast_paths.OLDEST <= fast_paths.NEWEST < (ceiling,)
+
+
+def test_serve_names_a_path_the_probe_refused() -> None:
+    assert fast_paths.FastPaths("3.14.5").refusal_note() is None
+    assert fast_paths.FastPaths("3.14.5", {"arrival": "turned off (LLMTAP_FAST_PATHS)"}).refusal_note() is None
+    refused = {n: "aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on"
+               for n in fast_paths.NAMES}
+    assert fast_paths.FastPaths("3.15.0", refused).refusal_note() == (
+        "llmtap: aiohttp 3.15.0: body_pipe, arrival, headers_later, conn_timing on the public path (slower, as "
+        "correct): aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on "
+        "(llmtap doctor says more)")
