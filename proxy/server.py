@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from . import running
+from . import fast_paths, running
 from .app import HTTP_LIMITS, make_app, routes_banner
 from .arrival import Runner
 from .client_key import client_key
@@ -95,8 +95,12 @@ class RunningProxy:
             self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
+        try:
+            fast = fast_paths.probe()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=token, client_key=key,
+                                admin_token=token, client_key=key, fast=fast,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
@@ -140,8 +144,8 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-        self.runner = Runner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
-                                    access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
+                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
         try:
             await self._listen()
@@ -277,6 +281,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
             report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
+        if note := proxy.state.fast.refusal_note():
+            report(note)
         if pool is not None:
             report(f"  {workers} processes: this one (pid {os.getpid()}, the database) and workers "
                    f"{', '.join(map(str, pool.pids()))}")
