@@ -30,6 +30,10 @@ def connect(path: str | Path = ":memory:", *, read_only: bool = False) -> duckdb
 class UntrustedDatabase(duckdb.PermissionException):
     """A database to write is in a place another user controls; the message says what to do."""
 
+    def __init__(self, problem: str, fix: str) -> None:
+        self.problem, self.fix = problem, fix
+        super().__init__(f"refusing to write to the database: {problem}. {fix}")
+
 
 SIDE_FILES = (".wal", ".tmp")  # DuckDB's write-ahead log and its spill directory, beside the file
 
@@ -64,20 +68,19 @@ def _check(path: Path, uid: int, *, sticky_ok: bool, what: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise UntrustedDatabase(f"cannot check {path}: {exc.strerror}") from None
+        raise UntrustedDatabase(f"cannot check {path}: {exc.strerror}", "choose another --db") from None
     if st.st_uid not in (uid, 0):
         problem = f"is owned by another user (uid {st.st_uid})"
-        fix = "move it aside if it is not yours, or choose another --db"
+        fix = "Move it aside if it is not yours, or choose another --db"
     elif st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         who = "others" if st.st_mode & 0o002 else "its group"
         problem = f"can be written by {who} (mode {st.st_mode & 0o7777:04o})"
-        fix = f"chmod go-w {path} (and check that what is in it is yours), or choose another --db"
+        fix = f"Run chmod go-w {path} (and check that what is in it is yours), or choose another --db"
     else:
         return
     raise UntrustedDatabase(
-        f"refusing to write to the database: {path} ({what}) {problem}, so another user could have "
-        f"planted the file, or could read or replace it. {fix[0].upper()}{fix[1:]}; a directory only "
-        "you can write is safe (the default, ~/.local/share/llmtap, is one)")
+        f"{path} ({what}) {problem}, so another user could have planted the file, or could read or replace it",
+        f"{fix}; a directory only you can write is safe (the default, ~/.local/share/llmtap, is one)")
 
 
 @contextlib.contextmanager

@@ -105,6 +105,9 @@ def test_serve_refuses_a_database_another_user_could_have_planted(
         result = CliRunner().invoke(main, [*command, "--db", str(db)])
         assert result.exit_code != 0 and REFUSED in result.output and culprit in result.output, result.output
         assert digest(db) == before
+    result = CliRunner().invoke(main, ["doctor", "--db", str(db)])
+    assert f"FAIL  database {db}: not safe to write: {culprit}" in result.output, result.output
+    assert digest(db) == before
 
 
 def test_a_world_writable_directory_above_is_refused_unless_sticky(open_dir: Path) -> None:
