@@ -103,3 +103,11 @@ async def test_html_report_and_export_files_are_owner_only(hostile_db: Path, tmp
         assert len(made) > 4
         for p in made:
             assert p.stat().st_mode & 0o777 == (0o700 if p.is_dir() else 0o600), p
+
+
+def test_csv_is_written_in_one_place() -> None:
+    """Every CSV goes through formatting.csv_text (or export's csv_safe): a new writer would skip the quoting."""
+    root = Path(__file__).resolve().parent.parent
+    writers = [str(p.relative_to(root)) for d in ("analysis", "proxy") for p in (root / d).rglob("*.py")
+               if p.name != "formatting.py" and any(s in p.read_text() for s in ("csv.writer", "csv.DictWriter"))]
+    assert writers == []
