@@ -114,6 +114,7 @@ def replace(path: Path, old: str | None, new: str, now: datetime | None = None,
 
 def make_private(path: Path) -> list[tuple[Path, int]]:
     """Take group and other bits off `path` and its earlier backups; (file, mode before) for each changed."""
+    path = path.resolve() if path.is_symlink() else path
     return _tighten([path]) + _tighten_backups(path)
 
 
