@@ -254,11 +254,13 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
+            from proxy.private_file import write_private
+
             from .html_report import render_html
 
             title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            html_path.write_text(render_html(source.query, where=filters.where(), title=title,
-                                             by=(by, report_mod.GROUPINGS[by])))
+            write_private(html_path, render_html(source.query, where=filters.where(), title=title,
+                                                 by=(by, report_mod.GROUPINGS[by])))
     click.echo(text, nl=False)
     if html_path is not None:
         click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)

@@ -596,6 +596,8 @@ _LOCK_HOLDER = re.compile(r"held in (?P<holder>.+?) \(PID (?P<pid>\d+)\)")
 
 def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
     message = _one_line(exc)
+    if isinstance(exc, duck.UntrustedDatabase):
+        return StoreError(message)
     if "Could not set lock" in message:
         m = _LOCK_HOLDER.search(message)
         return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)

@@ -81,6 +81,10 @@ def database(db_path: Path, live: LiveProxy | None) -> Check:
             return fail(subject, f"the running llmtap serve (pid {live.pid}) reports: {warnings[0]}",
                         "free space on its disk (or fix what the message names): the waiting rows are written then")
         return ok(subject, f"held by the running llmtap serve (pid {live.pid}); llmtap sql/report query it through it")
+    try:
+        duck.refuse_untrusted(db_path)
+    except duck.UntrustedDatabase as exc:
+        return fail(subject, f"not safe to write: {exc.problem}", exc.fix)
     if not db_path.exists():
         parent = next((p for p in db_path.parents if p.exists()), None)
         if parent is not None and os.access(parent, os.W_OK | os.X_OK):
