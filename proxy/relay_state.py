@@ -12,6 +12,7 @@ from aiohttp import web
 
 from .body_budget import BodyBudget
 from .config import ServeConfig
+from .fast_paths import FastPaths, probe
 from .guard import Guard
 from .looplag import LoopLag
 from .recorder import Recorder, log_observer
@@ -32,10 +33,11 @@ class ProxyState:
     client_key: str | None = field(default=None, repr=False)  # what clients present where a route injects a key
     guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names
     session: aiohttp.ClientSession = field(init=False)
-    recorder: Recorder = field(init=False)
-    body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together  # every request's life: meters, in flight, rows to the observers
+    recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
+    body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
+    fast: FastPaths = field(default_factory=probe)  # which fast paths run (proxy/fast_paths.py)
     # serve --workers N (proxy/workers.py): the primary's supervisor of its workers (their health),
     # and in a worker the relay of /_llmtap/ requests to the primary
     workers: Any = None
