@@ -7,11 +7,14 @@ import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import duckdb
 from aiohttp import web
 
 from proxy import procfs
+from proxy.server import RunningProxy
 
+from .conftest import proxy_config, rows
 from .faultkit import Serve, body_of, status_of
 
 MIB = 1024 * 1024
@@ -97,3 +100,22 @@ async def test_many_large_bodies_at_once_stay_within_the_budget(tmp_path: Path) 
     assert len(found) == CLIENTS
     assert {r for r in found if r[0] == 503} == {(503, "http_error", "body_memory_full")}
     assert statuses.count(200) == sum(1 for r in found if r[0] == 200)
+
+
+async def test_a_body_alone_goes_through_even_when_larger_than_the_budget(tmp_path: Path) -> None:
+    """A budget below --max-body-mb would otherwise refuse such a body for ever: alone, it is let in,
+    with its Content-Length and chunked alike."""
+    async with CountingUpstream() as up:
+        config = proxy_config(up.url, tmp_path, body_memory_mb=1)
+        async with RunningProxy(config) as p:
+            answers = [await post_big(p.port, 3) for _ in range(2)]
+            async with aiohttp.ClientSession() as s:
+                async def pieces():
+                    for _ in range(3):
+                        yield b"x" * MIB
+                async with s.post(p.url + "/v1/chat/completions", data=pieces()) as r:
+                    chunked = (r.status, await r.json())
+            found = rows(p, "SELECT status, error_type FROM requests")
+    assert [status_of(a) for a in answers] == [200, 200]
+    assert chunked[0] == 200 and chunked[1]["received"] == 3 * MIB
+    assert found == [{"status": 200, "error_type": None}] * 3
