@@ -238,8 +238,8 @@ async def test_log_lines_show_control_characters_escaped(tmp_path: Path) -> None
     assert len(logged) == 2, lines
     for line in logged:
         assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in line), repr(line)
-        assert "m\\r\\nllmtap: POST /v1/forged  200  ok\\x1b[2J\\x00\\x85" in line, line
-        assert "error: no model\\r\\nllmtap: GET /v1/forged  200  ok\\x1b]0;owned\\x07" in line, line
+        assert "m\\r\\nllmtap: POST /v1/forged  200  ok\\u001b[2J\\u0000\\u0085" in line, line
+        assert "error: no model\\r\\nllmtap: GET /v1/forged  200  ok\\u001b]0;owned\\u0007" in line, line
 
 
 # -- every path leaves a row; no `..` however encoded ----------------------------------------------------------
