@@ -16,7 +16,7 @@ from uuid import UUID
 
 import orjson
 
-from proxy.terminal_text import printable
+from proxy.terminal_text import printable, printable_cells
 
 FORMATS = ("table", "csv", "json", "ndjson", "markdown")
 ELLIPSIS = "…"
@@ -163,8 +163,8 @@ def layout(
     `groups` labels runs of columns on a line above the header. With `limit`,
     the `shrinkable` columns are narrowed (cut with an ellipsis) to fit.
     """
-    headers = [printable(h) for h in headers]
-    rows = [[printable(c) for c in r] for r in rows]
+    headers = printable_cells(headers)
+    rows = [printable_cells(r) for r in rows]
     widths = column_widths(headers, rows)
     if limit is not None:
         widths = _shrink(widths, shrinkable, limit)

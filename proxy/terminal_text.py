@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 
 # C0 controls, DEL and the C1 controls: everything a terminal may act on rather than show.
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -41,6 +42,11 @@ def printable(text: str, *, layout: bool = False) -> str:
     breaks and tabs (a whole text's own layout); a table cell or a log line keeps none."""
     pattern = _CONTROLS_BUT_LAYOUT if layout else _CONTROLS
     return pattern.sub(_escaped, text) if pattern.search(text) else text
+
+
+def printable_cells(cells: Sequence[str]) -> Sequence[str]:
+    """A table row's cells, each `printable` (one search for the whole row: most have nothing to escape)."""
+    return [printable(c) for c in cells] if _CONTROLS.search("".join(cells)) else cells
 
 
 def echo(text: str = "", *, nl: bool = True, err: bool = False, redraw: bool = False) -> None:

@@ -9,6 +9,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -98,6 +103,29 @@ def test_no_command_sends_stored_controls_to_the_terminal(hostile_db: Path, args
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     assert terminal_controls(result.output) == [], result.output
     assert "\\u001b]" in result.output  # shown, as text
+
+
+def test_on_a_real_terminal_nothing_stored_reaches_it(hostile_db: Path) -> None:
+    """`llmtap errors` in its own process with a pseudo-terminal for stdout, as a user runs it."""
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "proxy", "errors", "--db", str(hostile_db)], stdout=follower,
+                              stderr=subprocess.PIPE, timeout=60, env={**os.environ, "TERM": "xterm"})
+        os.close(follower)
+        out = b""
+        while select.select([leader], [], [], 1)[0]:
+            try:
+                piece = os.read(leader, 65536)
+            except OSError:  # the follower closed: all read
+                break
+            if not piece:
+                break
+            out += piece
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    text = out.decode().replace("\r\n", "\n")  # the terminal's own line ending
+    assert "\\u001b]52;c;aGk=\\u0007" in text and terminal_controls(text) == [], text
 
 
 def test_show_prints_each_value_on_its_own_line_escaped(hostile_db: Path) -> None:
