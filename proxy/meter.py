@@ -500,6 +500,7 @@ class Meter:
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
             **limits,
         }
+        bounds.text_checked(row)
         return row, self._chunk_rows()
 
     def _limits(self) -> dict[str, Any]:

@@ -273,6 +273,27 @@ async def test_every_path_leaves_a_row_whatever_its_bytes(tmp_path: Path) -> Non
     assert not any(b"\r\nX-Injected" in r for r in up.requests)
 
 
+async def test_header_bytes_that_are_not_utf8_leave_rows_and_clear_refusals(tmp_path: Path) -> None:
+    """`Origin`, `Sec-Fetch-Site` or `Host` with a byte that is not UTF-8: a 403 in the API's shape
+    (its message quotes the header: the byte shown as U+FFFD), never a 500; a `User-Agent` with one:
+    relayed. A row each way (such text had made the store reject the row)."""
+    async with RawUpstream(answer_ok) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            cases = {b"Host: localhost\r\nOrigin: http://evil\xff.example": 403,
+                     b"Host: localhost\r\nSec-Fetch-Site: cross\xfe": 403,
+                     b"Host: evil\xff.example.com": 403, b"Host: localhost\r\nUser-Agent: tool\xff/1": 200}
+            for headers, status in cases.items():
+                response = await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\n" + headers
+                                              + b"\r\nConnection: close\r\n\r\n", timeout=3)
+                assert status_of(response) == status, (headers, response[:300])
+                if status == 403:
+                    assert "\ufffd" in orjson.loads(body_of(response))["error"]["message"]
+            found = rows(p, "SELECT status, error_type, error_message, user_agent FROM requests ORDER BY started_at")
+    assert [(r["status"], r["error_type"]) for r in found] == [(403, "refused_web_page")] * 3 + [(200, None)]
+    assert "(Origin http://evil\ufffd.example)" in found[0]["error_message"]
+    assert found[3]["user_agent"] == "tool\ufffd/1"
+
+
 CLIMBS = [
     "/api/..;/admin", "/api/v1/..;jsessionid=1/admin", "/api/%2e%2e;/admin", "/api/..%3b/admin",
     "/api/.%2e/admin", "/api/%2e./admin", "/api/%2E%2e/admin", "/api/..%2fadmin", "/api/..%5cadmin", "/api/..\\admin",
