@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from proxy.schema import KINDS
+from proxy.terminal_text import echo
 
 from .cli import db_option, filter_options, from_option, opened, output_options
 from .filters import Filters, sql_string, sql_timestamp
@@ -115,4 +116,4 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
             result = run_compare(source.query, sides, where, by or ("where" if conditions else "window"))
         except CompareError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(RENDERERS[fmt](result), nl=False)
+    echo(RENDERERS[fmt](result), nl=False)

@@ -69,12 +69,13 @@ def request_tag(request: web.Request, state: ProxyState) -> str | None:
 
 def start_meter(state: ProxyState, request: web.Request, route: Route | None, path: str, received: int,
                 relayed: bool = True) -> Meter | None:
-    """`state.recorder.start` for this request (`route` None: no route matched)."""
+    """`state.recorder.start` for this request (`route` None: no route matched). The injected key
+    is the request's credential only when it is relayed (a refusal's is what the client sent)."""
     return state.recorder.start(
         received_ns=received, method=request.method, path=path,
         query=request.query if request.query_string else {}, headers=request.headers,
         route=route.label if route is not None else "", upstream_host=(route.upstream.host or "") if route else "",
-        tag=request_tag(request, state), credential=route.credential if route is not None else None,
+        tag=request_tag(request, state), credential=route.credential if route is not None and relayed else None,
         relayed=relayed,
     )
 

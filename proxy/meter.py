@@ -38,7 +38,7 @@ from .connection_marks import ConnectionMarks
 from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
-from . import ratelimits
+from . import bounds, ratelimits
 from .fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from .gaps import GapHistogram, gaps_ms
 from .redact import redact, request_secrets
@@ -438,8 +438,13 @@ class Meter:
             gap_p50, gap_p99, gap_max = gaps_ms(times)
         conn = self.connection
         pool_wait, dns, connect, tls, upstream_wait = (None,) * 5 if conn is None else conn.parts(sent, headers)
-        u = d.usage
-        out, source = u.output_tokens, "usage" if u.seen() else None
+        u, limits = d.usage, dict(self._limits())
+        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
+                "reasoning_tokens": u.reasoning_tokens}
+        if (dropped := bounds.checked(told, limits)) is not None:  # numbers from outside enter the row here
+            parse_error = f"{parse_error}; {dropped}" if parse_error else dropped
+        out, source = told["output_tokens"], "usage" if u.seen() else None
         if out is None and self.chars:
             out, source = math.ceil(self.chars / 4), "estimated"
         row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
@@ -457,7 +462,7 @@ class Meter:
             "session_id": info.session_id,
             "request_model": info.request_model,
             "stream": True if self.is_stream else info.stream,  # what the wire did (SSE, WebSocket), else what was asked
-            "max_tokens": info.max_tokens,
+            "max_tokens": told["max_tokens"],
             "message_count": info.message_count,
             "request_bytes": self.request_bytes,
             "request_parse_error": self._clean(info.request_parse_error),
@@ -484,11 +489,11 @@ class Meter:
             "gap_max_ms": gap_max,
             "output_events": events,
             "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
-            "input_tokens": u.input_tokens,
+            "input_tokens": told["input_tokens"],
             "output_tokens": out,
-            "cache_read_tokens": u.cache_read_tokens,
-            "cache_creation_tokens": u.cache_creation_tokens,
-            "reasoning_tokens": u.reasoning_tokens,
+            "cache_read_tokens": told["cache_read_tokens"],
+            "cache_creation_tokens": told["cache_creation_tokens"],
+            "reasoning_tokens": told["reasoning_tokens"],
             "tokens_source": source,
             "kind": info.kind,
             "connection_reused": None if conn is None else conn.reused,
@@ -500,10 +505,11 @@ class Meter:
             "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
             "decode_ms": last - ttft if last is not None and ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
-            **self._limits(),
+            **limits,
             "tool_calls": self._tool_calls(end_ns) if d.tool_calls else None,
             "tool_results": info.tool_results,
         }
+        bounds.text_checked(row)
         return row, self._chunk_rows()
 
     def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
