@@ -144,6 +144,7 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None
     finally:
+        conn_timing.settle()  # the response's first byte was read stamped, or never will be
         conn_timing.CURRENT.reset(timing)
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()

@@ -430,7 +430,7 @@ class Meter:
             last = (times[-1] - r) / 1e6 if times else None
             gap_p50, gap_p99, gap_max = gaps_ms(times)
         conn = self.connection
-        pool_wait, dns, connect, tls, upstream_wait = (None,) * 5 if conn is None else conn.parts(sent, headers)
+        pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
         u = d.usage
         out, source = u.output_tokens, "usage" if u.seen() else None
         if out is None and self.chars:
@@ -494,6 +494,7 @@ class Meter:
             "decode_ms": last - ttft if last is not None and ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
             **self._limits(),
+            "proxy_wait_ms": proxy_wait,
         }
         return row, self._chunk_rows()
 

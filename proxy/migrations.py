@@ -193,3 +193,12 @@ def m005_ratelimits(con: duckdb.DuckDBPyConnection) -> None:
     columns.append(("retry_after_s", "DOUBLE"))
     for name, type_ in columns:
         con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
+
+
+@migration
+def m006_proxy_wait(con: duckdb.DuckDBPyConnection) -> None:
+    """llmtap's own time inside the upstream's part of the breakdown (docs/breakdown-and-compare.md).
+    Rows recorded before had it inside connect_ms and upstream_wait_ms: theirs is 0 where they have
+    a breakdown, so their parts still add up, else NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN proxy_wait_ms DOUBLE")
+    con.execute("UPDATE requests SET proxy_wait_ms = 0 WHERE upstream_wait_ms IS NOT NULL OR connect_ms IS NOT NULL")

@@ -87,6 +87,10 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # subscription's 5-hour and 7-day windows, and retry-after in seconds
     ("credential_kind", "VARCHAR"),
     *RATELIMIT_COLUMNS,
+    # llmtap's own time inside the upstream's part (m006): connect_ms and upstream_wait_ms less what
+    # the kernel saw of them (docs/breakdown-and-compare.md); with it
+    # proxy_overhead + pool_wait + dns + connect + tls + upstream_wait + proxy_wait = upstream_headers_ms
+    ("proxy_wait_ms", "DOUBLE"),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
