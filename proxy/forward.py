@@ -242,7 +242,9 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
             return await _answer_at_once(content, out, meter)
         request.writer.send_headers()  # type: ignore[attr-defined]
         await BodyPipe(request, content, meter).relay()
-        await out.write_eof()
+        if meter is not None:
+            meter.on_response_end(perf_counter_ns())
+        await out.write_eof()  # the last chunk at once, then a wait while the client drains
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
         raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
@@ -265,6 +267,8 @@ class _Answer(web.StreamResponse):
 async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> web.StreamResponse:
     data = content.read_nowait()
     t = perf_counter_ns()
+    if meter is not None:
+        meter.on_response_end(t)
     await out.write_eof(data)  # the headers, the body and (chunked) its last chunk, in one write
     if meter is not None and data:
         give_meter(meter, data, t)

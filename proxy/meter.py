@@ -8,6 +8,7 @@ docstring says exactly when it fires; mitmproxy's hook style):
 - `response_started(status, headers, t)`: the upstream's status and headers arrived;
 - `on_chunk(data, t)`: one read of the response body, already written to the client
   (`on_message(payload, t)` for one upstream frame of a WebSocket response);
+- `on_response_end(t)`: the response's last bytes were handed to the client's connection;
 - `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
 - `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
 
@@ -79,7 +80,7 @@ class Meter:
         "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
-        "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
+        "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
     )
 
@@ -115,6 +116,7 @@ class Meter:
         self.retry_after: str | None = None
         self.limits: dict[str, str] | None = None  # the response's rate-limit headers (proxy/ratelimits.py)
         self.response_bytes = 0
+        self.response_end: int | None = None  # the last bytes handed to the client (before any wait to drain)
         self.is_stream = False
         self._decoder: StreamDecoder | None = None
         self._sse: SSEParser | None = None
@@ -148,6 +150,12 @@ class Meter:
         self.upstream_sent = t_ns
         self.connection = ConnectionMarks(tls)
         return self.connection
+
+    def on_response_end(self, t_ns: int) -> None:
+        """The response's last bytes (a chunked body's last chunk) were handed to the client's
+        connection: E2E ends here, not after a wait for the client to drain them (that wait, and the
+        loop turn after it, are the client's reading and llmtap's, not the response's)."""
+        self.response_end = t_ns
 
     def on_refused(self, status: int) -> None:
         """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
@@ -418,7 +426,7 @@ class Meter:
         self.request_body = b""
         sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
         ttft = (times[0] - r) / 1e6 if times else None
-        e2e = (end_ns - r) / 1e6
+        e2e = ((self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns) - r) / 1e6
         events, parse_error = len(times) + self._over, self.broken or d.parse_error
         if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
             last = (self._last_event[0] - r) / 1e6
