@@ -28,6 +28,7 @@ class ConnectionMarks:
         self.ready: int | None = None  # a connection to send on: a pooled one taken, or a new one up
         self.sending: int | None = None  # the request's write, where it came after a loop turn
         self.answered: int | None = None  # the response's first byte, by the kernel's receive time
+
     @classmethod
     def open_already(cls, t_ns: int) -> ConnectionMarks:
         """A response on a connection opened before the request arrived (a WebSocket turn)."""
