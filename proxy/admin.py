@@ -126,9 +126,13 @@ def health(state: ProxyState) -> dict[str, Any]:
 
 
 def fast_paths(state: ProxyState) -> dict[str, Any]:
-    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing."""
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
+    and whether arrivals are dated by the kernel's receive time (proxy/rx_stamp.py)."""
+    from . import rx_stamp
+
     connector = getattr(getattr(state, "session", None), "connector", None)
-    return state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
 
 
 async def metrics(state: ProxyState) -> web.Response:
