@@ -364,7 +364,7 @@ def _verdict(d: Difference, title: str, base_median: float | None) -> None:
     negligible; else "cannot tell", with the requests needed to tell (when more would help)."""
     if d.median_diff_ms is None or d.ci_low_ms is None or d.ci_high_ms is None:
         d.call = "cannot compare"
-        d.verdict = f"cannot compare {title}: {d.note or 'no figures'}"
+        d.verdict = f"cannot compare: {d.note or 'no figures'}"
         return
     interval = f"[95% CI {fmt_interval(d.ci_low_ms, d.ci_high_ms)} ms]"
     width = _width_digits(d.ci_high_ms - d.ci_low_ms)
@@ -495,8 +495,11 @@ def to_table(c: Comparison) -> str:
     for g in c.groups[1:]:
         lines += ["", f"{truncate(g.label, 30)} against {truncate(c.groups[0].label, 30)} "
                       "(difference of medians, 95% bootstrap interval):"]
-        for d in (d for d in c.differences if d.group == g.label):
-            lines.append(f"  {METRICS[d.metric][2]:<4}  {d.verdict}{_used(d)}")
+        mine = [d for d in c.differences if d.group == g.label]
+        if all(d.call == "cannot compare" for d in mine) and len({d.note for d in mine}) == 1:
+            lines.append(f"  cannot compare: {mine[0].note}")  # one reason for every metric: said once
+        else:
+            lines += [f"  {METRICS[d.metric][2]:<4}  {d.verdict}{_used(d)}" for d in mine]
         parts = next((p for p in c.ttft_parts if p["group"] == g.label), None)
         if parts and parts.get("upstream_headers") is not None:
             where = ", ".join(f"{words} {fmt_diff(parts[name])}" for name, _, words, _ in TTFT_PARTS
