@@ -150,7 +150,7 @@ class Tally:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--runs", type=click.IntRange(min=1), default=40, show_default=True, help="Runs per case.")
+@click.option("--runs", type=click.IntRange(min=1), default=30, show_default=True, help="Runs per case.")
 @click.option("--seed", type=int, default=26, show_default=True)
 @click.option("--sizes", default="30,100,300", show_default=True, help="Requests a side, comma-separated.")
 def main(runs: int, seed: int, sizes: str) -> None:
