@@ -488,8 +488,7 @@ def to_table(c: Comparison) -> str:
     groups = [""] * 2 + [f"{METRICS[m][2]} ms" for m in METRICS for _ in range(2)]
     rows = [[g.label, str(g.requests)] + [_ms(getattr(g.metrics[m], f)) for m in METRICS for f in ("p50_ms", "p95_ms")]
             for g in c.groups]
-    lines = [f"llmtap compare by {c.by}: successful requests; medians compared at an input length both "
-             "sides share", "",
+    lines = [f"llmtap compare by {c.by}: successful requests; medians compared at an input length both sides share", "",
              layout(headers, rows, [False] + [True] * (len(headers) - 1), groups=groups, limit=80,
                     shrinkable=[0]).rstrip("\n")]
     for g in c.groups[1:]:

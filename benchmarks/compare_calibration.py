@@ -33,6 +33,7 @@ runs against an older tree (PYTHONPATH=/path/to/old/tree) to measure an earlier 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +96,8 @@ def database(rng: np.random.Generator, runs: int, n: int, spans: tuple[tuple[int
     return con
 
 
-def querier(con: duckdb.DuckDBPyConnection):  # noqa: ANN201 - the Query callable compare takes
+def querier(con: duckdb.DuckDBPyConnection) -> Callable[[str], tuple[list[str], list[str], list[tuple]]]:
+    """The Query callable compare takes, on this connection."""
     def query(sql: str) -> tuple[list[str], list[str], list[tuple]]:
         cur = con.execute(sql)
         return [d[0] for d in cur.description], [], cur.fetchall()

@@ -314,7 +314,8 @@ def test_usage_errors_say_what_to_give(tmp_path: Path) -> None:
 
 
 def test_the_cli_and_the_library_ask_the_same_requests_of_a_side() -> None:
-    from analysis import compare as library, compare_cli
+    from analysis import compare as library
+    from analysis import compare_cli
 
     assert compare_cli.MIN_REQUESTS == library.MIN_REQUESTS
 
