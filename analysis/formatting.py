@@ -1,4 +1,8 @@
-"""Rows to text: aligned tables, CSV, JSON, NDJSON, Markdown, and humanised numbers."""
+"""Rows to text: aligned tables, CSV, JSON, NDJSON, Markdown, and humanised numbers.
+
+A table's cells hold stored data (a path, a tag, an upstream's error message): each is shown with its
+control characters escaped (proxy/terminal_text.py) before it is laid out, so a line break cannot
+start a row and the columns stay aligned; the whole text then leaves through `terminal_text.echo`."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+
+from proxy.terminal_text import printable, printable_cells
 
 FORMATS = ("table", "csv", "json", "ndjson", "markdown")
 ELLIPSIS = "…"
@@ -158,6 +164,8 @@ def layout(
     `groups` labels runs of columns on a line above the header. With `limit`,
     the `shrinkable` columns are narrowed (cut with an ellipsis) to fit.
     """
+    headers = printable_cells(headers)
+    rows = [printable_cells(r) for r in rows]
     widths = column_widths(headers, rows)
     if limit is not None:
         widths = _shrink(widths, shrinkable, limit)
@@ -231,7 +239,7 @@ def to_ndjson(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return printable(text.replace("|", "\\|").replace("\n", " "))
 
 
 def to_markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

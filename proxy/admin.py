@@ -8,7 +8,6 @@ asks the proxy to run its read-only query. It answers loopback peers only
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import os
 import socket
@@ -19,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from . import admin_sql, live
+from .client_key import same_secret
 from .relay_state import STATE, ProxyState
 from .running import ADMIN_PREFIX, TOKEN_HEADER
 
@@ -71,9 +71,13 @@ FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remot
              "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)")
 
 
+def forbidden() -> web.Response:
+    return _json({"error": FORBIDDEN}, 403)
+
+
 def _token_sent(request: web.Request, token: str) -> bool:
     sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
-    return bool(token) and hmac.compare_digest(sent.encode(), token.encode())
+    return same_secret(sent, token)  # bytes in constant time: a value that is not UTF-8 is just wrong
 
 
 async def handle(request: web.Request, name: str) -> web.StreamResponse:
@@ -82,7 +86,7 @@ async def handle(request: web.Request, name: str) -> web.StreamResponse:
     and the live feed) through the primary's private socket: `state.admin_relay`."""
     state = request.app[STATE]
     if not allowed(request, state):
-        return _json({"error": FORBIDDEN}, 403)
+        return forbidden()
     if state.admin_relay is not None:
         return await state.admin_relay(request, name)
     return await answer(request, state, name)
@@ -123,9 +127,13 @@ def health(state: ProxyState) -> dict[str, Any]:
 
 
 def fast_paths(state: ProxyState) -> dict[str, Any]:
-    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing."""
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
+    and whether arrivals are dated by the kernel's receive time (proxy/rx_stamp.py)."""
+    from . import rx_stamp
+
     connector = getattr(getattr(state, "session", None), "connector", None)
-    return state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
 
 
 async def metrics(state: ProxyState) -> web.Response:

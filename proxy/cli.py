@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import click
 from . import config as cfg
 from .cli_options import config_option, db_option, workers_option
 from .routes import RouteError, parse_route
+from .terminal_text import echo, printable
 
 
 # Every command but serve, as "module:attribute": imported when it runs, so a command loads only what it
@@ -52,10 +52,19 @@ class LazyGroup(click.Group):
             try:
                 command = getattr(importlib.import_module(module), attribute)
             except ImportError as exc:  # pragma: no cover - analysis is part of the package
-                print(f"llmtap: {cmd_name} unavailable: {exc}", file=sys.stderr)
+                echo(f"llmtap: {cmd_name} unavailable: {exc}", err=True)
                 return None
             self.add_command(command, cmd_name)
         return self.commands.get(cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Every command; an error's message can quote stored data (DuckDB's quote a value that does
+        not convert), so it leaves escaped like any output (proxy/terminal_text.py)."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = printable(exc.message, layout=True)
+            raise
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,7 +141,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
         host = (hosts[0] if len(hosts) == 1 else list(hosts)) if hosts else None
         config = cfg.build(config_path, {**flags, "host": host, "routes": _routes(route_specs), "route_key_env": keys})
         if print_config:
-            click.echo(cfg.to_toml(config), nl=False)
+            echo(cfg.to_toml(config), nl=False)
             return
         config.route_table()
         check_bind(config)

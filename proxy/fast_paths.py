@@ -44,7 +44,7 @@ READER_METHODS = {
     "read_nowait": "self, n=-1", "wait_eof": "self", "exception": "self", "is_eof": "self",
     "set_exception": "self, exc, exc_cause=<sentinel>",
 }
-HANDLER_FIELDS = ("_messages", "_request_count", "_payload_parser", "_upgraded")
+HANDLER_FIELDS = ("_messages", "_request_count", "_payload_parser", "_upgraded", "_reading_paused", "_buffer_paused")
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,13 @@ def arrival_shape(handler: type = web.RequestHandler, server: type = web.Server,
                   runner: type = web.AppRunner) -> str | None:
     """arrival.py: `AppRunner._make_server`'s server gets its class switched (its `__call__` makes
     handlers from `_loop` and `_kwargs`); the handler's `data_received` reads `_messages`,
-    `_request_count`, `_payload_parser` and `_upgraded`; `take` reads the request's `_message`."""
+    `_request_count`, `_payload_parser` and `_upgraded`; `take` reads the request's `_message`;
+    rx_stamp's reading of the next request overrides `_resume_transport_reading` and reads
+    `_reading_paused` and `_buffer_paused` (aiohttp's own flow control)."""
     fields = {name for cls in handler.__mro__ for name in getattr(cls, "__slots__", ())}
     if missing := [name for name in HANDLER_FIELDS if name not in fields]:
         return f"{_name(handler)} has no {', '.join(missing)}"
-    if (why := _methods(handler, {"data_received": "self, data"})) is not None:
+    if (why := _methods(handler, {"data_received": "self, data", "_resume_transport_reading": "self"})) is not None:
         return why
     if not inspect.iscoroutinefunction(getattr(runner, "_make_server", None)):
         return f"{_name(runner)} has no coroutine _make_server"

@@ -77,12 +77,13 @@ def request_tag(request: web.Request, state: ProxyState) -> str | None:
 
 def start_meter(state: ProxyState, request: web.Request, route: Route | None, path: str, received: int,
                 relayed: bool = True) -> Meter | None:
-    """`state.recorder.start` for this request (`route` None: no route matched)."""
+    """`state.recorder.start` for this request (`route` None: no route matched). The injected key
+    is the request's credential only when it is relayed (a refusal's is what the client sent)."""
     return state.recorder.start(
         received_ns=received, method=request.method, path=path,
         query=request.query if request.query_string else {}, headers=request.headers,
         route=route.label if route is not None else "", upstream_host=(route.upstream.host or "") if route else "",
-        tag=request_tag(request, state), credential=route.credential if route is not None else None,
+        tag=request_tag(request, state), credential=route.credential if route is not None and relayed else None,
         relayed=relayed,
     )
 
@@ -167,6 +168,7 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None
     finally:
+        conn_timing.settle()  # the response's first byte was read stamped, or never will be
         conn_timing.CURRENT.reset(timing)
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()
@@ -269,7 +271,9 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
             await BodyPipe(request, content, meter).relay()
         else:
             await _read_and_write(content, out, meter)
-        await out.write_eof()
+        if meter is not None:
+            meter.on_response_end(perf_counter_ns())
+        await out.write_eof()  # the last chunk at once, then a wait while the client drains
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
         raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
@@ -293,6 +297,8 @@ class _Answer(web.StreamResponse):
 async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> web.StreamResponse:
     data = content.read_nowait()
     t = perf_counter_ns()
+    if meter is not None:
+        meter.on_response_end(t)
     await out.write_eof(data)  # the headers, the body and (chunked) its last chunk, in one write
     if meter is not None and data:
         give_meter(meter, data, t)

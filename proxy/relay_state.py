@@ -3,7 +3,6 @@ checks made before relaying (the guard, the admin token, the client key)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,10 +16,7 @@ from .guard import Guard
 from .looplag import LoopLag
 from .recorder import Recorder, log_observer
 from .routes import RouteTable
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+from .terminal_text import stderr_line
 
 
 @dataclass
@@ -28,7 +24,7 @@ class ProxyState:
     config: ServeConfig
     routes: RouteTable
     store: Any = None  # proxy.store.Store, or None when not recording
-    report: Callable[[str], None] = _stderr
+    report: Callable[[str], None] = stderr_line
     admin_token: str = field(default="", repr=False)  # the admin endpoint's secret (config.admin_token)
     client_key: str | None = field(default=None, repr=False)  # what clients present where a route injects a key
     guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names

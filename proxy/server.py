@@ -29,7 +29,8 @@ from . import prices
 from .metrics import METRICS_NAMES, PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
 from .recorder import on_rows, store_observer
-from .relay_state import ProxyState, _stderr
+from .relay_state import ProxyState
+from .terminal_text import stderr_line
 from .store import QuerySetup, Store
 
 
@@ -75,7 +76,7 @@ class RunningProxy:
 
     default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
 
-    def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = _stderr,
+    def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
                  worker: tuple[str, str | None] | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
@@ -279,7 +280,7 @@ def tune_runtime() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr,
+async def serve_forever(config: ServeConfig, report: Callable[[str], None] = stderr_line,
                         query_setup: QuerySetup | None = None, workers: int = 1) -> None:
     """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed.
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from . import duck, retention, sql_filter
 from .query_limits import QueryStop, QueryStopped, fetch_capped
 from .batch import BODIES, CHUNKS, REQUESTS, Table
 from .migrations import migrate
+from .terminal_text import stderr_line
 
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
@@ -82,8 +82,7 @@ Unit = list[tuple[Table, list[Any]]]  # written in one transaction
 QuerySetup = Callable[[duckdb.DuckDBPyConnection], None]
 
 
-def _print_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+_print_stderr = stderr_line
 
 
 class Store:

@@ -22,7 +22,7 @@ from .fast_path_skips import needs, on
 trustme = pytest.importorskip("trustme")
 
 FAST = {"ttft_ms": 5, "itl_ms": 1, "tokens": 4, "prefill_us_per_token": 0}
-PARTS = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms")
+PARTS = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms", "proxy_wait_ms")
 CONNECTION = ("dns_ms", "connect_ms", "tls_ms")
 MESSAGES = [{"role": "user", "content": "hi"}]
 DIALECTS = {

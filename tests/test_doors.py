@@ -223,9 +223,10 @@ async def test_the_admin_token_is_in_no_command_line_and_no_output(tmp_path: Pat
             assert running.AdminClient(serve.base, "not-the-token").health() is None
             env = {**os.environ, "LLMTAP_HOME": os.environ["LLMTAP_HOME"]}
             sql = subprocess.run([sys.executable, "-m", "proxy", "sql", "--db", str(tmp_path / "t.duckdb"),
-                                  "SELECT count(*) AS n FROM requests", "--format", "csv"],
-                                 capture_output=True, text=True, timeout=60, env=env)
-            assert sql.returncode == 0 and sql.stdout == "n\n0\n", sql.stderr  # found the token itself
+                                  "SELECT count(*) AS n FROM requests WHERE error_type = 'admin_forbidden'",
+                                  "--format", "csv"], capture_output=True, text=True, timeout=60, env=env)
+            assert sql.returncode == 0 and sql.stdout == "n\n1\n", sql.stderr  # found the token itself; the
+            # request with the wrong one left its row
         finally:
             assert serve.stop() == 0
     assert token not in serve.output()

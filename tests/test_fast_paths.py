@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from proxy import body_pipe, fast_paths
+from proxy import body_pipe, fast_paths, rx_stamp
 from proxy.config import ConfigError
 from proxy.server import RunningProxy
 
@@ -52,7 +52,7 @@ def test_a_handler_or_server_shaped_otherwise_is_refused() -> None:
     assert fast_paths.arrival_shape(handler=Handler) is None
 
     class Bare(asyncio.Protocol):
-        __slots__ = ("_request_count", "_payload_parser", "_upgraded")
+        __slots__ = ("_request_count", "_payload_parser", "_upgraded", "_reading_paused", "_buffer_paused")
 
         def data_received(self, data: bytes) -> None:
             pass
@@ -145,7 +145,8 @@ async def test_by_default_the_body_pipe_relays_and_health_says_so(tmp_path: Path
     body, row, piped, health = await _relay_while_watching(tmp_path)
     assert piped == 1
     assert body == b"".join(EVENTS) and row["outcome"] == "ok"
-    assert health == {"aiohttp": aiohttp.__version__, "on": list(fast_paths.NAMES), "off": {}}
+    assert health == {"aiohttp": aiohttp.__version__, "on": list(fast_paths.NAMES), "off": {},
+                      "kernel_stamps": rx_stamp.AVAILABLE}
 
 
 async def test_health_names_the_one_path_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
