@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import live
+from . import admin_sql, live
 from .client_key import same_secret
 from .relay_state import STATE, ProxyState
 from .running import ADMIN_PREFIX, TOKEN_HEADER
@@ -121,6 +121,7 @@ def health(state: ProxyState) -> dict[str, Any]:
         "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
         "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/fast_paths.py)
         "store": stats,
+        "sql_queries": state.admin_sql.pending if state.admin_sql is not None else 0,  # running or queued
         **({"workers": state.workers.health()} if state.workers is not None else {}),
     }
 
@@ -144,7 +145,9 @@ async def metrics(state: ProxyState) -> web.Response:
 
 
 async def sql(request: web.Request, state: ProxyState) -> web.Response:
-    if state.store is None:
+    """One read-only query (store.Store.query) in admin SQL's own threads (proxy/admin_sql.py), with
+    its timeout and its answer's byte cap; stopped when the client goes away."""
+    if state.store is None or state.admin_sql is None:
         return _json({"error": "this proxy is not recording to a database"}, 400)
     try:
         query = orjson.loads(await request.read())["sql"]
@@ -152,10 +155,13 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
             raise TypeError
     except (ValueError, KeyError, TypeError):
         return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
-    loop = asyncio.get_running_loop()
+    store, max_bytes = state.store, state.config.sql_max_bytes
     try:
-        columns, types, rows = await loop.run_in_executor(None, state.store.query, query, None, MAX_ROWS + 1)
-    except Exception as exc:  # the query's own error, for the user
+        columns, types, rows = await state.admin_sql.run(
+            lambda stop: store.query(query, None, MAX_ROWS + 1, max_bytes=max_bytes, stop=stop))
+    except (admin_sql.Busy, admin_sql.Closed) as exc:
+        return _json({"error": str(exc)}, 503)
+    except Exception as exc:  # the query's own error, its timeout, its size: for the user
         return _json({"error": str(exc)}, 400)
     truncated = len(rows) > MAX_ROWS
     return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})

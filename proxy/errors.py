@@ -22,10 +22,11 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
 _GEMINI_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT",
-                  502: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+                  502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 def api_shape(path: str) -> str:

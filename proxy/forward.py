@@ -16,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import conn_timing
+from .body_budget import RETRY_AFTER_S, Lease, OverBudget
 from .body_pipe import BodyPipe, give_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
@@ -41,15 +42,22 @@ class Finish(Exception):
         self.outcome, self.error, self.response = outcome, error, response
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
+async def read_body(request: web.Request, limit: int, lease: Lease | None = None) -> bytes:
+    """The whole body, up to `limit` bytes (else BodyTooLarge), each byte taken from `lease` first
+    (else OverBudget): its Content-Length at once, a chunked body's bytes as they come."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
         raise BodyTooLarge
+    if lease is not None and declared:
+        lease.take(declared)
     parts: list[bytes] = []
     size = 0
     async for data in request.content.iter_any():
         size += len(data)
         if size > limit:
             raise BodyTooLarge
+        if lease is not None and size > lease.size:
+            lease.take(size - lease.size)
         parts.append(data)
     return b"".join(parts)
 
@@ -93,8 +101,9 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     meter = start_meter(state, request, route, path, received)
     outcome: Outcome | None = None
     error: tuple[str, str] | None = None
+    lease = state.body_budget.lease()
     try:
-        return await _relay(state, request, route, path, query, meter)
+        return await _relay(state, request, route, path, query, meter, lease)
     except Finish as fin:
         outcome, error = fin.outcome, fin.error
         return fin.response
@@ -107,15 +116,19 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         state.report(f"llmtap: internal error relaying {request.method} {path}: {error[1]}")
         return error_response(path, 502, f"llmtap internal error: {error[1]}", "llmtap_internal_error")
     finally:
+        lease.release()
         if meter is not None:
             state.recorder.end(meter, outcome, error)
 
 
 async def _relay(
-    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None
+    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None,
+    lease: Lease | None = None,
 ) -> web.StreamResponse:
     try:
-        body = await read_body(request, state.config.max_body_bytes)
+        body = await read_body(request, state.config.max_body_bytes, lease)
+    except OverBudget:
+        raise _over_budget(state, path, meter) from None
     except BodyTooLarge:
         mb = state.config.max_body_mb
         resp = error_response(path, 413, f"request body is larger than llmtap's limit of {mb:g} MiB "
@@ -129,6 +142,16 @@ async def _relay(
         return await _stream_back(request, upstream, meter)
     finally:
         upstream.release() if upstream.content.is_eof() else upstream.close()
+
+
+def _over_budget(state: ProxyState, path: str, meter: Meter | None) -> Finish:
+    mb = state.config.body_memory_mb
+    message = (f"llmtap is holding {mb:g} MiB of request bodies, its limit (serve --body-memory-mb); "
+               f"try again in {RETRY_AFTER_S} s")
+    resp = error_response(path, 503, message, "body_memory_full")
+    resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return _finish(Outcome.HTTP_ERROR, ("body_memory_full", f"request bodies in memory at the {mb:g} MiB limit"),
+                   resp, meter, 503)
 
 
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,

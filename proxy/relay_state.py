@@ -9,6 +9,7 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
+from .body_budget import BodyBudget
 from .config import ServeConfig
 from .fast_paths import FastPaths, probe
 from .guard import Guard
@@ -29,6 +30,7 @@ class ProxyState:
     guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names
     session: aiohttp.ClientSession = field(init=False)
     recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
+    body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
     fast: FastPaths = field(default_factory=probe)  # which fast paths run (proxy/fast_paths.py)
@@ -36,9 +38,11 @@ class ProxyState:
     # and in a worker the relay of /_llmtap/ requests to the primary
     workers: Any = None
     admin_relay: Any = None
+    admin_sql: Any = None  # proxy.admin_sql.AdminSql: the admin endpoint's query threads (with a store)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)
+        self.body_budget = BodyBudget(self.config.body_memory_bytes)
         if not self.config.quiet:
             self.recorder.observe(log_observer(self.report))
 
