@@ -22,6 +22,8 @@ from .client_key import same_secret
 from .relay_state import STATE, ProxyState
 from .running import ADMIN_PREFIX, TOKEN_HEADER
 
+FLUSH_BEFORE_QUERY_S = 2.0
+
 MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
 
 
@@ -146,7 +148,9 @@ async def metrics(state: ProxyState) -> web.Response:
 
 async def sql(request: web.Request, state: ProxyState) -> web.Response:
     """One read-only query (store.Store.query) in admin SQL's own threads (proxy/admin_sql.py), with
-    its timeout and its answer's byte cap; stopped when the client goes away."""
+    its timeout and its answer's byte cap; stopped when the client goes away. The rows of requests
+    already over are written first (at most FLUSH_BEFORE_QUERY_S), so `llmtap sql`, `report` and
+    `errors` right after a tool exits see its requests."""
     if state.store is None or state.admin_sql is None:
         return _json({"error": "this proxy is not recording to a database"}, 400)
     try:
@@ -156,9 +160,14 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
     except (ValueError, KeyError, TypeError):
         return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
     store, max_bytes = state.store, state.config.sql_max_bytes
+    state.recorder.record_ended()  # the requests over already are in the answer, not a second later
+
+    def run(stop: Any) -> Any:
+        store.flush(FLUSH_BEFORE_QUERY_S)
+        return store.query(query, None, MAX_ROWS + 1, max_bytes=max_bytes, stop=stop)
+
     try:
-        columns, types, rows = await state.admin_sql.run(
-            lambda stop: store.query(query, None, MAX_ROWS + 1, max_bytes=max_bytes, stop=stop))
+        columns, types, rows = await state.admin_sql.run(run)
     except (admin_sql.Busy, admin_sql.Closed) as exc:
         return _json({"error": str(exc)}, 503)
     except Exception as exc:  # the query's own error, its timeout, its size: for the user

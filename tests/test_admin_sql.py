@@ -145,3 +145,16 @@ async def test_sigterm_with_long_queries_running_stops_in_time_and_a_restart_ope
         assert (await post_sql(again.admin, "SELECT 7 AS n"))[1]["rows"] == [[7]]
         assert again.stop() == 0
     assert os.path.exists(db)
+
+
+async def test_a_query_right_after_a_request_sees_its_row(sim, tmp_path: Path) -> None:
+    """`llmtap sql`, `report`, `errors` reach a running proxy through this endpoint: a request over a
+    moment ago is in the answer though the writer would write it only at its next flush (#31)."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path, flush_interval_s=30)) as p:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/v1/chat/completions", json={"model": "m", "messages": []},
+                              headers={"x-sim-status": "404"}) as r:
+                assert r.status == 404
+                await r.read()
+        status, answer = await post_sql(p.admin, "SELECT count(*) FROM requests WHERE status = 404")
+    assert status == 200 and answer["rows"] == [[1]], answer
