@@ -18,6 +18,7 @@ from proxy.simulator.app import Simulator
 from proxy.sse import SSEParser
 
 from .conftest import proxy_config
+from .waiting import wait_until
 
 LIVE = "/_llmtap/live"
 
@@ -91,19 +92,13 @@ async def test_feed_exists_only_while_viewers_are_connected(proxy: RunningProxy)
         [feed] = feeds(proxy)  # one feed, one ticker, for both viewers
         assert len(feed.viewers) == 2 and feed.task is not None and not feed.task.done()
         a.close()
-        for _ in range(100):
-            if len(feed.viewers) == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert len(feed.viewers) == 1 and feeds(proxy) == [feed]
+        await wait_until(lambda: len(feed.viewers) == 1, what="the first viewer gone")
+        assert feeds(proxy) == [feed]
         b.close()
-        for _ in range(100):
-            if not feed.viewers:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: not feed.viewers, what="the second viewer gone")
     assert feeds(proxy) == [] and feed.task is None
-    await asyncio.sleep(0.05)
-    assert not [t for t in asyncio.all_tasks() if "LiveFeed._run" in repr(t.get_coro())]
+    await wait_until(lambda: not [t for t in asyncio.all_tasks() if "LiveFeed._run" in repr(t.get_coro())],
+                     what="the feed's ticker ended")
     # rows that finish with nobody watching are not collected anywhere
     async with aiohttp.ClientSession() as s:
         await claude_stream(s, proxy.url, "unwatched", tokens=3, itl_ms=1, ttft_ms=1)

@@ -16,6 +16,8 @@ import duckdb
 from proxy import paths, running
 from proxy.simulator.app import Simulator
 
+from .waiting import wait_until
+
 KEY = "sk-live-DO-NOT-STORE-4f9a8b7c6d5e"
 
 
@@ -86,7 +88,7 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
     from .conftest import proxy_config
 
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: p.state.loop_lag.samples, what="a loop lag sample")
         async with aiohttp.ClientSession() as s:
             async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
                 health = await r.json()

@@ -362,10 +362,11 @@ def test_query_setup_runs_on_the_query_cursor(store: Store):
 
 
 def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: Path):
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
     result: dict[str, Any] = {}
 
     def hold(x: int) -> int:  # a query that runs until the test lets it end
+        running.set()
         gate.wait(10)
         return x
 
@@ -381,7 +382,7 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
     reader = threading.Thread(target=long_query, daemon=True)
     reader.start()
     try:
-        time.sleep(0.2)
+        assert running.wait(10), "the long query did not start"
         for i in range(2000):
             store.put({"id": str(i)}, [(str(i), 0, 1.0, 1, None)])
             if i % 500 == 0:
