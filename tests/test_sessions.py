@@ -57,7 +57,7 @@ async def agents(base: str) -> None:
 
         async def sdk_app() -> None:
             await claude(s, base, metadata=METADATA)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # a pause inside the session, not a wait: its wall time spans it
             await claude(s, base, metadata=METADATA)
 
         await asyncio.gather(claude_code(), sdk_app(), codex(s, base), codex(s, base), claude(s, base))
