@@ -18,6 +18,25 @@ from proxy.simulator.config import SimConfig
 # The tests' composition root, as proxy/cli.py is serve's: admin queries see analysis's named views.
 RunningProxy.default_query_setup = staticmethod(create_views)
 
+# `pytest -m unit`: the loop to run while changing the meter, its parsers, the recorder or the store
+# (docs/development.md); the modules whose tests need no serve process, no browser, no load.
+UNIT = {"test_sse", "test_dialects", "test_dialect_quick", "test_meter_events", "test_metering", "test_request_info",
+        "test_request_kind", "test_ratelimits", "test_clients", "test_recorder", "test_store", "test_migrations",
+        "test_prices", "test_layers"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m unit`, the other modules are not even imported (their SDKs and fixtures take seconds)."""
+    if config.getoption("markexpr", "") == "unit" and collection_path.suffix == ".py":
+        return collection_path.stem.startswith("test_") and collection_path.stem not in UNIT or None
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in UNIT:
+            item.add_marker(pytest.mark.unit)
+
 
 @pytest.fixture(autouse=True)
 def llmtap_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
