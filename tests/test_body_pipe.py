@@ -17,7 +17,7 @@ from proxy import body_pipe
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
-from .waiting import wait_until_still
+from .waiting import wait_until, wait_until_still
 from .faultkit import SSE, RawConn, RawUpstream, body_of, chunk, dechunk, http_head, raw_exchange, sends_events, status_of
 
 CHAT = "/v1/chat/completions"
@@ -157,10 +157,7 @@ async def test_no_pipe_outlives_its_relay(tmp_path: Path) -> None:
                         await r.read()
                     except aiohttp.ClientPayloadError:
                         pass
-            for _ in range(100):
-                if p.state.requests_seen:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_until(lambda: p.state.requests_seen, what="the request's row")
             outcomes.append(rows(p)[0]["outcome"])
         assert not body_pipe.PIPES
     assert outcomes == ["upstream_timeout", "stream_truncated", "client_disconnected"]

@@ -25,7 +25,7 @@ from proxy.simulator.config import SimConfig
 from proxy.store import Store
 
 from .conftest import proxy_config
-from .waiting import wait_until
+from .waiting import wait_until, wait_until_sync
 from .faultkit import Baseline, Serve, rss_mb
 
 
@@ -141,9 +141,7 @@ def test_rows_over_the_queue_bound_are_dropped_counted_and_reported(tmp_path: Pa
                 store.put({"id": str(i), "status": 200})
             assert store.stats()["requests_dropped"] == 30
             assert len([r for r in reports if "new rows are dropped" in r]) == 1
-            deadline = time.monotonic() + 5
-            while store.stats()["write_errors"] < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_sync(lambda: store.stats()["write_errors"] >= 2, 5, "two write errors")
             filler.unlink()
             assert store.flush(15)
             assert store.query("SELECT count(*) FROM requests")[2] == [(20,)]

@@ -132,9 +132,8 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
                                    + f"X-Llmtap-Admin-Token: {p.admin_token}\r\n\r\n".encode())
             try:
                 assert (await loop.sock_recv(sock, 12)) == b"HTTP/1.1 200"  # then it reads no more
-                async with asyncio.timeout(15):
-                    while not feed.viewers or next(iter(feed.viewers)).dropped < 3 * VIEWER_QUEUE:
-                        await asyncio.sleep(0.05)
+                await wait_until(lambda: feed.viewers and next(iter(feed.viewers)).dropped >= 3 * VIEWER_QUEUE, 15,
+                                 "the stuck viewer dropping frames")
                 viewer = next(iter(feed.viewers))
                 assert len(viewer.queue) <= VIEWER_QUEUE
                 async with asyncio.timeout(2):  # the proxy still answers while the viewer is stuck
@@ -144,9 +143,7 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
                 for task in load:
                     task.cancel()
                 await asyncio.gather(*load, return_exceptions=True)
-        async with asyncio.timeout(5):
-            while feed.viewers:
-                await asyncio.sleep(0.05)
+        await wait_until(lambda: not feed.viewers, 5, "the stuck viewer gone")
 
 
 async def test_admin_token_guards_the_feed(sim: Simulator, tmp_path: Path) -> None:
