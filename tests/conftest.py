@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 import os
-import select
 import ssl
-import time
+import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -18,13 +17,13 @@ from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
 
-# Under `faketime` with only the wall clock faked (FAKETIME_DONT_FAKE_MONOTONIC=1, as .ci/run runs the
-# clock tests), libfaketime 0.9.10 turns the monotonic deadline of Python's time.sleep
-# (clock_nanosleep, TIMER_ABSTIME) into a faked one and the call fails with EINVAL; select's timeout
-# is relative and untouched. (With the monotonic clock faked too, every thread wait with a timeout
-# sleeps for decades instead: sem_clockwait is not intercepted.)
+# Under `faketime` with only the wall clock faked, time.sleep fails (tests/faketime_site/): patched
+# here and, through PYTHONPATH, in every Python process a test starts.
 if os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1" and "faketime" in os.environ.get("LD_PRELOAD", ""):
-    time.sleep = lambda seconds: select.select([], [], [], max(0.0, seconds)) and None
+    _SITE = str(Path(__file__).parent / "faketime_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, _SITE)
+    import sitecustomize  # noqa: F401, E402  (this folder's: the patch)
 
 # The tests' composition root, as proxy/cli.py is serve's: admin queries see analysis's named views.
 RunningProxy.default_query_setup = staticmethod(create_views)
