@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from .waiting import START_S
+
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -96,13 +98,13 @@ class Chromium:
     async def _port(self) -> int:
         """The port Chromium chose, from the file it writes once it listens."""
         port_file = Path(self._profile) / "DevToolsActivePort"
-        for _ in range(300):
+        for _ in range(int(START_S / 0.05)):
             if port_file.exists() and (text := port_file.read_text().split()):
                 return int(text[0])
             if self._process.returncode is not None:
                 raise RuntimeError(f"chromium exited with {self._process.returncode}")
             await asyncio.sleep(0.05)
-        raise TimeoutError("chromium did not open its DevTools port within 15 s")
+        raise TimeoutError(f"chromium did not open its DevTools port within {START_S:g} s")
 
     async def _connect(self, port: int) -> None:
         for _ in range(100):

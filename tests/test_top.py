@@ -24,6 +24,8 @@ from analysis.top.model import TopModel, quantile
 from analysis.top.render import frame
 from analysis.top.terminal import ALT_SCREEN_OFF, ALT_SCREEN_ON, SHOW_CURSOR, paint
 
+from .waiting import START_S
+
 NOW = 1_800_000_000.0
 
 
@@ -179,12 +181,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     procs = [upstream]
     try:
-        url = _first_line(upstream, 15).rsplit(" ", 1)[1]
+        url = _first_line(upstream, START_S).rsplit(" ", 1)[1]
         serve = subprocess.Popen([PY, "-m", "proxy", "serve", "--port", "0", "--upstream", url, "--quiet",
                                   "--db", str(root / "top.duckdb")], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env)
         procs.append(serve)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + START_S
         while (state := running.state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert state is not None, "serve did not start"

@@ -14,6 +14,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 POLL_S = 0.02
+# A process's start-up (serve, a stand-in, a browser): importing the SDKs alone took 10 s at a load
+# average of 40. A bound that only keeps a broken start from hanging the test, never a measurement.
+START_S = 60.0
 
 
 async def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = "the condition",
