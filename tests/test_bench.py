@@ -83,7 +83,8 @@ async def test_output_sweep_e2e_grows_ttft_flat(tmp_path: Path) -> None:
     (sweep,) = result.experiments
     e2e, ttft = medians(sweep, "e2e_ms"), medians(sweep, "ttft_ms")
     assert e2e == sorted(e2e) and e2e[2] - e2e[0] > 100, e2e  # 5 + 3 ms per token after the first
-    assert max(ttft) - min(ttft) < 15, ttft
+    # flat: a load's noise (50 ms at a load average of 40) but never the 165 ms E2E grows by
+    assert max(ttft) - min(ttft) < (e2e[2] - e2e[0]) / 2, (ttft, e2e)
     assert [p.output_tokens for p in sweep.points] == [5, 20, 60]
     assert all(2.5 < p.tpot_ms.p50 < 6 for p in sweep.points)
 
