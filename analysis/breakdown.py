@@ -16,14 +16,12 @@ medians); the JSON has the means too, which do add up. Requests: successful stre
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .filters import Filters
-from .formatting import dumps, layout, truncate
+from .formatting import csv_text, dumps, layout, truncate
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
 
@@ -164,16 +162,11 @@ def to_json(b: Breakdown) -> str:
 
 
 def to_csv(b: Breakdown) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     columns = [b.by, "requests", "new_connection_pct", *(f"{n}_p50" for n in PART_NAMES), "ttft_p50_ms",
                "decode_p50_ms"]
-    writer.writerow(columns)
-    for g in b.groups:
-        writer.writerow([g[b.by], g["requests"], _rounded(g["new_connection_pct"]),
-                         *(_rounded(g[n]) for n in PART_NAMES), _rounded(g["ttft_p50_ms"]),
-                         _rounded(g["decode_p50_ms"])])
-    return out.getvalue()
+    return csv_text(columns, ([g[b.by], g["requests"], _rounded(g["new_connection_pct"]),
+                               *(_rounded(g[n]) for n in PART_NAMES), _rounded(g["ttft_p50_ms"]),
+                               _rounded(g["decode_p50_ms"])] for g in b.groups))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

@@ -190,8 +190,8 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
 
 
 @click.command()
-@click.option("--by", type=click.Choice(list(report_mod.GROUPINGS)), default="model", show_default=True,
-              help="Group requests by this.")
+@click.option("--by", type=click.Choice([*report_mod.GROUPINGS, "tool_name"]), default="model", show_default=True,
+              help="Group requests by this; tool_name: the run time of each tool the model called, across sessions.")
 @click.option("--errors", "show_errors", is_flag=True,
               help="Show the errors report instead (like `llmtap errors`).")
 @click.option("--breakdown", "show_breakdown", is_flag=True,
@@ -229,6 +229,8 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
     if show_errors and show_breakdown:
         raise click.UsageError("give --errors or --breakdown, not both")
+    if by == "tool_name" and (show_breakdown or html_path is not None):
+        raise click.UsageError("--by tool_name shows each tool's run time: it does not go with --breakdown or --html")
     with opened(db_path, sources) as source:
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
@@ -239,6 +241,11 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
                 text = limits.RENDERERS[fmt](limits.build_limits(source, filters))
             except limits.LimitsUnknown as exc:
                 raise click.ClickException(str(exc)) from None
+        elif by == "tool_name":
+            from .session_report import render_tool_runs
+            from .timeline import tool_names
+
+            text = render_tool_runs(tool_names(source.query, replace(filters, kinds=()).where()), fmt)
         elif show_breakdown:
             from . import breakdown
 
@@ -247,11 +254,13 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
+            from proxy.private_file import write_private
+
             from .html_report import render_html
 
             title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            html_path.write_text(render_html(source.query, where=filters.where(), title=title,
-                                             by=(by, report_mod.GROUPINGS[by])))
+            write_private(html_path, render_html(source.query, where=filters.where(), title=title,
+                                                 by=(by, report_mod.GROUPINGS[by])))
     click.echo(text, nl=False)
     if html_path is not None:
         click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
@@ -322,6 +331,72 @@ def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> 
         except show_mod.ShowError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(show_mod.RENDERERS[fmt](shown), nl=False)
+
+
+def gap_option(f: F) -> F:
+    return click.option(
+        "--gap", "gap_min", type=click.FloatRange(min=0, min_open=True), default=30, show_default=True,
+        metavar="MINUTES", help="A session quiet for longer than this is two sessions.",
+    )(f)
+
+
+def _sessions(source: Source, filters: Filters, gap_min: float) -> list[Any]:
+    from . import timeline
+
+    return timeline.sessions(source.query, filters.where(), gap_s=gap_min * 60)
+
+
+@click.command()
+@gap_option
+@filter_options
+@db_option
+@from_option
+@output_options("table", "json")
+def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+    """Agent sessions: where each one's time went.
+
+    Per session (its session id; where a tool sends none, its tool and
+    key, marked ~ inferred): start, wall time, turns, requests, and the
+    shares of the wall time that went to the model (waiting for the first
+    token / generating), the tools (the three that took longest) and you,
+    each instant counted once; output tokens and cost. ! marks a slow
+    session: TPOT or TTFT per input token 3x its peers' on the same model
+    that hour. `llmtap session ID` shows one as a timeline.
+    """
+    from .session_report import render_sessions
+
+    with opened(db_path, sources) as source:
+        found = _sessions(source, filters, gap_min)
+    click.echo(render_sessions(found, fmt), nl=False)
+
+
+@click.command()
+@click.argument("session_id", metavar="ID")
+@gap_option
+@db_option
+@from_option
+@output_options("table", "json")
+def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+    """One agent session as a timeline: model, tool and you spans.
+
+    ID is a session as `llmtap sessions` lists it (any unique prefix). A
+    line per span, on one time scale: the model's wait for its first token
+    and its generating, each tool run (from the response that asked for it
+    to the request that brought its result; calls made together share a
+    span, Bash+Read; ░ a result that never came), and you (a finished
+    answer to your next prompt). Then the totals, each instant once.
+    """
+    from . import timeline
+    from .session_report import render_session
+
+    with opened(db_path, sources) as source:
+        found = timeline.find(_sessions(source, Filters(), gap_min), session_id)
+    if not found:
+        raise click.ClickException(f"no session starts with {session_id} (see `llmtap sessions`)")
+    if len(found) > 1:
+        keys = ", ".join(s.key for s in found[:5])
+        raise click.ClickException(f"{session_id} starts {len(found)} sessions ({keys}): give more of it")
+    click.echo(render_session(found[0], fmt), nl=False)
 
 
 @click.command()
@@ -426,7 +501,7 @@ def __getattr__(name: str) -> Any:
         from .bench.cli import bench
         from .top.cli import top
 
-        return (sql, report, errors, export, show, demo, bench, top, prices)
+        return (sql, report, errors, export, show, sessions, session, demo, bench, top, prices)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -3,14 +3,12 @@ and a note on the successful streams whose chunks had empty `choices`."""
 
 from __future__ import annotations
 
-import csv
-import io
 import textwrap
 from dataclasses import asdict, dataclass, field
 
 from .diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
 from .filters import Filters
-from .formatting import dumps, layout
+from .formatting import csv_text, dumps, layout
 from .report import span
 from .source import Source
 
@@ -27,6 +25,7 @@ class ErrorReport:
     groups: list[ErrorGroup]
     empty_choices: tuple[int, int] = (0, 0)  # successful requests with empty-`choices` chunks, and the chunks
     headroom: list[str] = field(default_factory=list)  # per key with 429s: the headroom that preceded them
+    slow_sessions: list[dict[str, str | None]] = field(default_factory=list)  # analysis.timeline.flag_slow
 
 
 def build_error_report(source: Source, filters: Filters) -> ErrorReport:
@@ -41,7 +40,19 @@ def build_error_report(source: Source, filters: Filters) -> ErrorReport:
             headroom = headroom_before_429s(source, filters)
         except LimitsUnknown:
             pass
-    return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom)
+    from .timeline import sessions
+
+    slow = [{"session": s.key, "tool": s.tool, "why": s.slow} for s in sessions(source.query, filters.where()) if s.slow]
+    return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom, slow)
+
+
+def slow_lines(report: ErrorReport) -> list[str]:
+    """The slow sessions, as findings beside the failures (anthropics/claude-code#91413)."""
+    lines = []
+    for s in report.slow_sessions:
+        text = f"slow session {s['session']} ({s['tool'] or 'unknown tool'}): {s['why']}; see `llmtap session {s['session']}`"
+        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return lines
 
 
 def heading(report: ErrorReport) -> str:
@@ -76,7 +87,8 @@ def to_table(report: ErrorReport) -> str:
     if not report.groups:
         if not report.requests:
             return heading(report) + "\n"
-        return "\n".join([heading(report) + ": nothing to diagnose", *note(report)]) + "\n"
+        slow = slow_lines(report)
+        return "\n".join([heading(report) + ": nothing to diagnose", *note(report), *([""] + slow if slow else [])]) + "\n"
     rows = [
         [str(g.count), "-" if g.status is None else str(g.status), g.outcome or "-",
          g.error_type or "-", g.last_seen or "-"]
@@ -95,6 +107,8 @@ def to_table(report: ErrorReport) -> str:
                                      break_on_hyphens=False)
     if report.empty_choices[0]:
         out += ["", *note(report)]
+    if report.slow_sessions:
+        out += ["", *slow_lines(report)]
     return "\n".join(out) + "\n"
 
 
@@ -111,21 +125,16 @@ def to_json(report: ErrorReport) -> str:
         "groups": [_record(g) for g in report.groups],
         "empty_choices": {"requests": report.empty_choices[0], "chunks": report.empty_choices[1]},
         "headroom": report.headroom,
+        "slow_sessions": report.slow_sessions,
     })
 
 
 def to_csv(report: ErrorReport) -> str:
     """One row per group; list values joined with '; '."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     records = [_record(g) for g in report.groups]
     columns = list(records[0]) if records else [*ErrorGroup.__dataclass_fields__, "causes"]
-    writer.writerow(columns)
-    for record in records:
-        writer.writerow(
-            ["; ".join(v) if isinstance(v, list) else "" if v is None else v for v in record.values()]
-        )
-    return out.getvalue()
+    return csv_text(columns, (["; ".join(v) if isinstance(v, list) else "" if v is None else v
+                               for v in record.values()] for record in records))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

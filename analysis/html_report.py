@@ -29,6 +29,8 @@ from analysis.breakdown import build_breakdown, html_panel
 from analysis.html_charts import build_charts
 from analysis.html_page import empty_page, report_page
 from analysis.html_queries import Query, fetch_report_data
+from analysis.session_report import html_panel as session_panel
+from analysis.timeline import sessions
 
 
 def render_html(
@@ -43,7 +45,7 @@ def render_html(
     if not data["totals"]["requests"]:
         return empty_page(title, where, data["totals"])
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
-    return report_page(title, where, data, build_charts(data), panels=panel)
+    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(sessions(query, where)))
 
 
 def duckdb_query(con: duckdb.DuckDBPyConnection) -> Query:

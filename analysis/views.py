@@ -15,6 +15,8 @@ are replaced each time, so calling it twice is harmless):
   - `billing`: 'subscription' for a Claude or ChatGPT login (its cost is a
     list-price equivalent, not money spent), else 'api'
 - `errors`: the rows of `requests` whose outcome is not 'ok'.
+- `tool_runs`: one row per tool call a response asked for, with its run: from the response's end
+  to the request that brought its result (`run_ms`; NULL when none came), for `llmtap sessions`.
 - `hourly`, `daily`: one row per UTC hour / day with `ROLLUP_METRICS`, over
   generations (`kind = 'generation'`: token counts, probes, model lists and
   prewarms take a few milliseconds and would pull the percentiles down).
@@ -90,6 +92,32 @@ ROLLUP_METRICS: tuple[str, ...] = tuple(term.rsplit(" AS ", 1)[1] for term in RO
 ROLLUP_SQL = ",\n  ".join(ROLLUP_TERMS)
 
 
+# Each tool call a response asked for, and its run: from the response's end to the arrival of the first
+# later request that carries its result (by call id; a call without one, as Gemini's may be, by name
+# within its session). analysis/timeline.py builds the sessions' tool spans from it.
+TOOL_RUNS_SQL = """
+CREATE OR REPLACE TEMP VIEW tool_runs AS
+WITH calls AS (
+  SELECT id AS request_id, session_id, tool, key_fingerprint,
+    started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS asked_at,
+    generate_subscripts(tool_calls, 1) AS position, unnest(tool_calls) AS c
+  FROM requests WHERE tool_calls IS NOT NULL
+), results AS (
+  SELECT id AS result_request_id, session_id, tool, key_fingerprint, started_at AS answered_at,
+    unnest(tool_results) AS r
+  FROM requests WHERE tool_results IS NOT NULL
+)
+SELECT calls.request_id, calls.session_id, calls.tool, calls.position, c.id AS call_id, c.name AS name,
+  calls.asked_at, min(answered_at) AS answered_at, arg_min(result_request_id, answered_at) AS result_request_id,
+  (epoch_us(min(answered_at)) - epoch_us(calls.asked_at)) / 1000.0 AS run_ms
+FROM calls LEFT JOIN results ON answered_at >= calls.asked_at - INTERVAL 1 MILLISECOND AND (
+  r.id = c.id OR (c.id IS NULL AND r.id IS NULL AND r.name = c.name
+    AND results.session_id IS NOT DISTINCT FROM calls.session_id AND results.tool IS NOT DISTINCT FROM calls.tool
+    AND results.key_fingerprint IS NOT DISTINCT FROM calls.key_fingerprint))
+GROUP BY 1, 2, 3, 4, 5, 6, 7;
+"""
+
+
 def _table(catalog: str) -> str:
     return '"' + catalog.replace('"', '""') + '".main.requests'
 
@@ -141,7 +169,7 @@ CREATE OR REPLACE TEMP VIEW daily AS
 SELECT day,
   {ROLLUP_SQL}
 FROM requests WHERE kind = 'generation' GROUP BY day ORDER BY day;
-"""
+{TOOL_RUNS_SQL if columns is None or "tool_calls" in columns else ""}"""
 
 
 def create_views(con: Any) -> None:

@@ -105,7 +105,9 @@ def health(state: ProxyState) -> dict[str, Any]:
     store = state.store
     stats = store.stats() if store is not None else None
     return {
-        "ok": True,  # serving; what needs a look (the database file removed while serving) is in "warnings"
+        # "ok": serving (every admin client finds the proxy by it); what needs a look is in "warnings": writes
+        # to the database failing (a full disk; since when, what waits and what was dropped), the file removed
+        "ok": True,
         "warnings": stats["warnings"] if stats is not None else [],
         "db": str(state.config.db_path) if store is not None else None,
         "requests_seen": state.requests_seen,
@@ -113,9 +115,16 @@ def health(state: ProxyState) -> dict[str, Any]:
         "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
                    for r in state.routes.routes],
         "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
+        "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/fast_paths.py)
         "store": stats,
         **({"workers": state.workers.health()} if state.workers is not None else {}),
     }
+
+
+def fast_paths(state: ProxyState) -> dict[str, Any]:
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing."""
+    connector = getattr(getattr(state, "session", None), "connector", None)
+    return state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
 
 
 async def metrics(state: ProxyState) -> web.Response:

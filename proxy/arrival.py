@@ -21,9 +21,8 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from aiohttp import web
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp import StreamReader, web
+from aiohttp.web import RequestHandler
 
 
 class _StampingHandler(RequestHandler):
@@ -65,11 +64,20 @@ class _StampingServer(web.Server):
 
 
 class Runner(web.AppRunner):
-    """`web.AppRunner` whose connections stamp each request's first byte."""
+    """`web.AppRunner` whose connections stamp each request's first byte: the `arrival` fast path,
+    with `stamps` (proxy/fast_paths.py). Without it, aiohttp's own connections, and `take` gives the
+    handler's start: later than the first byte by the time the headers took to come and be parsed
+    (a few tenths of a millisecond on loopback at low load; a slow client's headers, or a busy loop,
+    add theirs)."""
+
+    def __init__(self, app: web.Application, *, stamps: bool = True, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._stamps = stamps
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = _StampingServer  # the same object, making stamping connections
+        if self._stamps:
+            server.__class__ = _StampingServer  # the same object, making stamping connections
         return server
 
 

@@ -59,9 +59,9 @@ class Table:
     def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
         self.name = name
         self.names = tuple(n for n, _ in columns)
-        self.types = tuple(_ARROW_TYPES[t] for _, t in columns)
+        self.types = tuple(_ARROW_TYPES.get(t) for _, t in columns)  # None: a nested type, JSON only
         self.timestamps = frozenset(i for i, (_, t) in enumerate(columns) if t == "TIMESTAMPTZ")
-        self.struct = na.struct(dict(zip(self.names, self.types)))
+        self.struct = None if None in self.types else na.struct(dict(zip(self.names, self.types)))
         # Each INSERT holds the GIL while it builds its arrays: short ones keep the event loop's waits short.
         self.rows_per_insert = rows_per_insert
         self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT * FROM {BATCH_VIEW}"

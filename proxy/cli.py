@@ -26,6 +26,8 @@ COMMANDS = {
     "errors": "analysis.cli:errors",
     "export": "analysis.cli:export",
     "show": "analysis.cli:show",
+    "sessions": "analysis.cli:sessions",
+    "session": "analysis.cli:session",
     "prices": "analysis.cli:prices",
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",

@@ -14,7 +14,8 @@ moments they mark:
   and before the TLS handshake (`tcp_end`; through a forward proxy, the last call: after the
   CONNECT tunnel, before TLS to the upstream). aiohttp has no public hook there: this wraps the
   connector's `_factory` attribute (every aiohttp 3.x connector has it), and without it the
-  handshake counts in `connect_ms` (`tls_ms` NULL).
+  handshake counts in `connect_ms` (`tls_ms` NULL). It is the `conn_timing` fast path
+  (proxy/fast_paths.py: `hook_tcp`), and `hooked` says whether it took (health's `fast_paths`).
 
 A reused connection costs a context variable read and two clock reads; a new one a few more; no
 chunk and no byte costs anything. aiohttp's `TraceConfig` would give most of these moments too,
@@ -77,13 +78,13 @@ def _timed_socket(addr_info: Any) -> socket.socket:
 class TimedConnector(aiohttp.TCPConnector):
     """aiohttp's TCPConnector, its moments stamped on `CURRENT`'s marks (see the module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, hook_tcp: bool = True, **kwargs: Any) -> None:
         self.resolver = TimedResolver(kwargs.pop("resolver", None) or aiohttp.DefaultResolver())
         if "socket_factory" in inspect.signature(aiohttp.TCPConnector).parameters:
             kwargs["socket_factory"] = _timed_socket
         super().__init__(resolver=self.resolver, **kwargs)
         self._seen: weakref.WeakSet[Any] = weakref.WeakSet()  # the protocols of connections handed out
-        self.hooked = _time_tcp_connects(self)
+        self.hooked = hook_tcp and _time_tcp_connects(self)  # health says it (proxy/fast_paths.py)
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         marks = CURRENT.get()

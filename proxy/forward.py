@@ -233,14 +233,19 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     if "Origin" in request.headers:  # a page of an allowed origin (guard.py refused the others) reads it
         for name, value in request.app[STATE].guard.cors_headers(request).items():
             headers.setdefault(name, value)
-    out = _Answer(status=upstream.status, reason=upstream.reason, headers=headers)
+    fast = request.app[STATE].fast
+    out = (_Answer if fast.on("headers_later") else web.StreamResponse)(
+        status=upstream.status, reason=upstream.reason, headers=headers)
     await out.prepare(request)
     content = upstream.content
     try:
         if content.is_eof():  # the whole body came with the headers (most non-streaming answers)
             return await _answer_at_once(content, out, meter)
-        request.writer.send_headers()  # type: ignore[attr-defined]
-        await BodyPipe(request, content, meter).relay()
+        request.writer.send_headers()
+        if fast.on("body_pipe") and type(content) is aiohttp.StreamReader:
+            await BodyPipe(request, content, meter).relay()
+        else:
+            await _read_and_write(content, out, meter)
         await out.write_eof()
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
@@ -256,7 +261,8 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
 class _Answer(web.StreamResponse):
     """The relayed response. Its headers wait for the first write (as `web.Response`'s do), so a body
     that came whole with the upstream's headers leaves in one write with them; a streamed body sends
-    them at once (`send_headers`)."""
+    them at once (`send_headers`). The `headers_later` fast path (proxy/fast_paths.py); without it a
+    plain `web.StreamResponse`, whose headers leave in their own write at `prepare`."""
 
     _send_headers_immediately = False
 
@@ -268,6 +274,18 @@ async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse
     if meter is not None and data:
         give_meter(meter, data, t)
     return out
+
+
+async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
+    """The public path of a body (proxy/fast_paths.py), read by read and written to the client:
+    aiohttp's own backpressure (`write` drains a full transport; the reader pauses the upstream past
+    its high water), its idle timeout (`sock_read`, re-armed per read), and a client gone raises
+    from `write` (or cancels the handler). Each piece is stamped once this task has it."""
+    while data := await content.readany():
+        t = perf_counter_ns()
+        await out.write(data)
+        if meter is not None:
+            give_meter(meter, data, t)
 
 
 def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:

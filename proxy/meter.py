@@ -28,6 +28,7 @@ import random
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
+from time import perf_counter_ns
 from typing import Any
 
 from multidict import CIMultiDictProxy
@@ -96,7 +97,8 @@ class Meter:
         tag: str | None,
     ) -> None:
         self.id = next_id()
-        self.started_at = datetime.now(timezone.utc)
+        # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
+        self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
         self.received = received_ns
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
@@ -303,7 +305,8 @@ class Meter:
     def _parsed(self, events: list[tuple[str | None, bytes]], t_ns: int) -> tuple[int, int, int | None]:
         """The output events among some parsed SSE events (the dialect reads each), all timed `t_ns`:
         how many, their characters, and `t_ns` if one of them was visible text (else None)."""
-        on_event, times, sizes, kinds = self.dialect.on_event, self.times, self.sizes, self.kinds
+        dialect = self.dialect
+        on_event, times, sizes, kinds = dialect.on_event, self.times, self.sizes, self.kinds
         found = chars = 0
         shown = None
         for event, payload in events:
@@ -317,6 +320,8 @@ class Meter:
                 chars += n
                 if visible:
                     shown = t_ns
+        if dialect.unstamped:  # a tool call's block ended in these events
+            dialect.stamp(t_ns)
         return found, chars, shown
 
     def _quick_gives_up(self, missed: int, matched: int) -> bool:
@@ -357,6 +362,8 @@ class Meter:
             self.first_byte = t_ns
         self.response_bytes += len(payload)
         delta = self.dialect.on_event(payload, None)
+        if self.dialect.unstamped:
+            self.dialect.stamp(t_ns)
         if delta is not None:
             kind, visible, chars = delta
             self._output(kind, visible, chars, len(payload), t_ns)
@@ -494,8 +501,18 @@ class Meter:
             "decode_ms": last - ttft if last is not None and ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
             **self._limits(),
+            "tool_calls": self._tool_calls(end_ns) if d.tool_calls else None,
+            "tool_results": info.tool_results,
         }
         return row, self._chunk_rows()
+
+    def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
+        """The `tool_calls` column: each call's id, name and when its block ended (ms from arrival); a
+        whole body's calls end with it, a stream's call whose block never ended has none."""
+        r, whole = self.received, not self.is_stream
+        return [{"id": call_id, "name": name,
+                 "ended_ms": (ended - r) / 1e6 if ended > 0 else (end_ns - r) / 1e6 if whole else None}
+                for call_id, name, ended in self.dialect.tool_calls or ()]
 
     def _limits(self) -> dict[str, Any]:
         """The rate-limit columns (proxy/ratelimits.py), resets given as durations counted from the

@@ -381,6 +381,9 @@ class _RuntimeCollector:
 
 
 def _store_metrics(stats: Mapping[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("llmtap_store_write_failing_seconds",
+                            "How long no write to the database has succeeded (0 while writes succeed).",
+                            value=float(stats.get("write_failing_s") or 0.0))
     for key, value in stats.items():
         if not isinstance(value, int) or isinstance(value, bool):
             continue

@@ -193,3 +193,11 @@ def m005_ratelimits(con: duckdb.DuckDBPyConnection) -> None:
     columns.append(("retry_after_s", "DOUBLE"))
     for name, type_ in columns:
         con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
+
+
+@migration
+def m006_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
+    """The tool calls each response asked for and the tool results each request carried (ids and
+    names: docs/columns.md). Rows recorded before have none: they stay NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN tool_calls STRUCT(id VARCHAR, name VARCHAR, ended_ms DOUBLE)[]")
+    con.execute("ALTER TABLE requests ADD COLUMN tool_results STRUCT(id VARCHAR, name VARCHAR)[]")

@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from .config import ServeConfig
+from .fast_paths import FastPaths, probe
 from .guard import Guard
 from .looplag import LoopLag
 from .recorder import Recorder, log_observer
@@ -34,6 +35,7 @@ class ProxyState:
     recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
+    fast: FastPaths = field(default_factory=probe)  # which fast paths run (proxy/fast_paths.py)
     # serve --workers N (proxy/workers.py): the primary's supervisor of its workers (their health),
     # and in a worker the relay of /_llmtap/ requests to the primary
     workers: Any = None

@@ -42,6 +42,9 @@ class RequestInfo:
     session_id: str | None = None
     request_parse_error: str | None = None
     kind: str | None = None  # proxy.request_kind.KINDS
+    # The tool results the request carries, new since the model last spoke: [{"id", "name"}]
+    # (the `tool_results` column; the dialect reads its API's shape)
+    tool_results: list[dict[str, str | None]] | None = None
 
 
 def parse_request(
@@ -57,6 +60,7 @@ def parse_request(
             _from_body(info, obj)
         except Exception as exc:  # a field of an unexpected type
             info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
+        _tool_results(info, path, obj)
     info.session_id = _header_session(get) or info.session_id
     info.kind = request_kind(method or "POST", path, get, obj)
     return info
@@ -117,6 +121,16 @@ def _from_body(info: RequestInfo, obj: dict[str, Any]) -> None:
     info.max_tokens = _max_tokens(obj)
     info.message_count = _message_count(obj)
     info.session_id = _metadata_session(obj.get("metadata"))
+
+
+def _tool_results(info: RequestInfo, path: str, obj: dict[str, Any]) -> None:
+    try:
+        results = detect_dialect(path).tool_results(obj)
+    except Exception as exc:  # a field of an unexpected type
+        info.request_parse_error = info.request_parse_error or f"tool results: {type(exc).__name__}: {exc}"[:200]
+        return
+    if results:
+        info.tool_results = [{"id": call_id, "name": name} for call_id, name in results]
 
 
 def _max_tokens(obj: dict[str, Any]) -> int | None:

@@ -13,8 +13,12 @@ One owner for all of it: the state file (`write_state`, `states`), the address t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import socket
+import stat
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -79,6 +83,54 @@ def private_dir() -> Path:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)  # an older, wider directory is narrowed
     return directory
+
+
+_PRIVATE_SOCKET = re.compile(r"\d+\.(\d+)\.sock")  # run/<port>.<pid>.sock of serve --workers (workers.py)
+
+
+def remove_stale_sockets() -> list[str]:
+    """Remove the private sockets that primaries of `serve --workers` killed before their stop left
+    in the run directory (one per kill): only names of that pattern, only sockets (never a symlink,
+    which is not followed), only this user's, only when their pid is gone or nothing listens there.
+    Nothing is done when the directory is not this user's own. The names removed."""
+    try:
+        fd = os.open(paths.state_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    removed = []
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return []
+        for name in os.listdir(fd):
+            m = _PRIVATE_SOCKET.fullmatch(name)
+            if m is None or int(m[1]) == os.getpid():
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid() and not _answers(fd, name, int(m[1])):
+                    os.unlink(name, dir_fd=fd)
+                    removed.append(name)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    return removed
+
+
+def _answers(dir_fd: int, name: str, pid: int) -> bool:
+    """Whether the socket `name` has a live listener: its pid alive and a connection accepted."""
+    if not _alive(pid):
+        return False
+    # connect() takes a path, not a directory fd: on Linux through /proc/self/fd, the directory checked above
+    proc = f"/proc/self/fd/{dir_fd}"
+    path = f"{proc}/{name}" if os.path.isdir(proc) else str(paths.state_dir() / name)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            return exc.errno != errno.ECONNREFUSED  # refused: nobody listens; anything else: keep it
+    return True
 
 
 def write_state(*, host: str, port: int, db: str | None, admin_token: str, workers: list[int] | None = None) -> Path:
@@ -246,6 +298,12 @@ class LiveProxy:
         if isinstance(routes, list) and routes:
             return [str(r.get("prefix", "/")) for r in routes if isinstance(r, dict)]
         return ["/"]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the proxy says needs a look: writes to its database failing, the file removed while serving."""
+        found = self.health.get("warnings")
+        return [str(w) for w in found] if isinstance(found, list) else []
 
     @property
     def url_tags(self) -> bool:

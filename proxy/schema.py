@@ -14,6 +14,9 @@ from enum import StrEnum
 
 from .ratelimits import RATELIMIT_COLUMNS
 
+TOOL_CALLS_TYPE = "STRUCT(id VARCHAR, name VARCHAR, ended_ms DOUBLE)[]"
+TOOL_RESULTS_TYPE = "STRUCT(id VARCHAR, name VARCHAR)[]"
+
 # (name, DuckDB type)
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # who and what
@@ -87,6 +90,11 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # subscription's 5-hour and 7-day windows, and retry-after in seconds
     ("credential_kind", "VARCHAR"),
     *RATELIMIT_COLUMNS,
+    # the tools the model and the client passed each other, ids and names only (m006; never arguments
+    # or results): the calls the response asked for, in order, each with when its block ended (ms
+    # from arrival), and the results the request carries that are new since the model last spoke
+    ("tool_calls", TOOL_CALLS_TYPE),
+    ("tool_results", TOOL_RESULTS_TYPE),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from . import running
+from . import fast_paths, running
 from .app import HTTP_LIMITS, make_app, routes_banner
 from .arrival import Runner
 from .client_key import client_key
@@ -95,8 +95,12 @@ class RunningProxy:
             self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
+        try:
+            fast = fast_paths.probe()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=token, client_key=key,
+                                admin_token=token, client_key=key, fast=fast,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
@@ -140,8 +144,8 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-        self.runner = Runner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
-                                    access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
+                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
         try:
             await self._listen()
@@ -254,6 +258,7 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
     listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/workers.py)."""
     from .workers import Workers
 
+    running.remove_stale_sockets()  # those of primaries of `serve --workers` killed before their stop
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -276,19 +281,35 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
             report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
+        if note := proxy.state.fast.refusal_note():
+            report(note)
         if pool is not None:
             report(f"  {workers} processes: this one (pid {os.getpid()}, the database) and workers "
                    f"{', '.join(map(str, pool.pids()))}")
         if proxy.store is not None:
             report(f"recording to {config.db_path}  (query it: llmtap sql \"SELECT * FROM requests\")")
+        spilled = asyncio.create_task(_load_spills(proxy, report)) if proxy.store is not None else None
         try:
             await stop.wait()
         finally:
+            if spilled is not None:
+                spilled.cancel()
             report("llmtap: stopping, flushing rows ...")
             running.clear_state(state_file)
             if pool is not None:  # the workers' last rows reach the store before it closes
                 await asyncio.gather(pool.stop(), proxy.stop_serving())
     report("llmtap: stopped")
+
+
+async def _load_spills(proxy: RunningProxy, report: Callable[[str], None]) -> None:
+    """The rows workers kept when their primary died (proxy/spill.py): at the start, then every RESCAN_S
+    (a worker of the primary that died may still be finishing its requests as this one starts)."""
+    from . import spill
+
+    loop = asyncio.get_running_loop()
+    while True:
+        await loop.run_in_executor(None, spill.load, proxy.store, proxy.config.db_path, report)
+        await asyncio.sleep(spill.RESCAN_S)
 
 
 def run(coro_fn: Callable[[], Any]) -> Any:

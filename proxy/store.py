@@ -130,6 +130,7 @@ class Store:
              "bodies_dropped", "write_errors", "rows_rejected", "files_recreated", "requests_pruned",
              "chunks_pruned", "bodies_pruned"), 0)
         self._last_error: str | None = None
+        self._failing: tuple[datetime, float] | None = None  # writes fail since (UTC label, monotonic)
         self._warnings: deque[str] = deque(maxlen=10)  # what /_llmtap/health shows besides the counts
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened (_check_file)
         self._dropping = False  # the queue is full: reported once, until a write succeeds
@@ -192,6 +193,11 @@ class Store:
         lost = before["pending_requests"], before["pending_chunks"]
         self._report(f"llmtap store: closed without writing {lost[0]} request row(s) and {lost[1]} chunk row(s)"
                      f" to {self.path} ({before['last_error']})")
+
+    @property
+    def closed(self) -> bool:
+        """close() was called: rows put from now on are dropped."""
+        return self._closed
 
     def _close_connection(self) -> None:
         with self._con_lock, duck.private_umask():
@@ -277,8 +283,23 @@ class Store:
                 "pending_chunks": len(self._chunks) + self._inflight[1],
                 "pending_bodies": len(self._bodies),
                 "last_error": self._last_error,
-                "warnings": list(self._warnings),
+                "failing_since": self._failing[0].isoformat() if self._failing else None,
+                "write_failing_s": round(time.monotonic() - self._failing[1], 3) if self._failing else 0.0,
+                "warnings": [w for w in (self._failing_warning(),) if w] + list(self._warnings),
             }
+
+    def _failing_warning(self) -> str | None:
+        """While no write succeeds (under the lock): since when, and what waits or was lost meanwhile."""
+        if self._failing is None:
+            return None
+        since, started = self._failing
+        waiting = len(self._requests) + self._inflight[0], len(self._chunks) + self._inflight[1]
+        dropped = self._counts["requests_dropped"]
+        return (f"cannot write to {self.path} since {since:%Y-%m-%d %H:%M:%S} UTC "
+                f"({time.monotonic() - started:.0f} s, {self._counts['write_errors']} failed attempt(s) so far; "
+                f"last: {self._last_error}): {waiting[0]} request row(s) and {waiting[1]} chunk row(s) wait in "
+                f"memory and are lost if the process stops now; {dropped} request row(s) dropped so far "
+                f"(the queue holds {self._max_requests:,})")
 
     # -- the writer thread -----------------------------------------------------
 
@@ -366,6 +387,7 @@ class Store:
 
     def _recovered(self, failures: int) -> None:
         with self._lock:
+            self._failing = None
             dropped = self._counts["requests_dropped"]
         after = f" after {failures} failed attempt(s)" if failures else ""
         lost = f"; {dropped} request row(s) dropped so far" if dropped else ""
@@ -466,6 +488,8 @@ class Store:
         with self._lock:
             self._counts["write_errors"] += 1
             self._last_error = _describe(exc)
+            if self._failing is None:
+                self._failing = (datetime.now(timezone.utc), time.monotonic())
         if first:
             self._report(f"llmtap store: cannot write to {self.path}: {_describe(exc)}; retrying")
 
@@ -572,6 +596,8 @@ _LOCK_HOLDER = re.compile(r"held in (?P<holder>.+?) \(PID (?P<pid>\d+)\)")
 
 def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
     message = _one_line(exc)
+    if isinstance(exc, duck.UntrustedDatabase):
+        return StoreError(message)
     if "Could not set lock" in message:
         m = _LOCK_HOLDER.search(message)
         return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)

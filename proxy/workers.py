@@ -36,7 +36,9 @@ too (its rows shipped), and the primary starts another in its place. A worker th
 (SIGKILL, a crash) loses what it had not shipped: the rows of its requests in flight and of
 those ended in its last few milliseconds; its clients' connections are cut. The primary says so
 on stderr and starts another, at most once every `RESTART_BACKOFF_S` while they die young.
-When the primary dies, its workers see the channel close and stop.
+When the primary dies, its workers see the channel close and stop as on `stop`: their requests
+in flight end, and their rows, with nobody to send them to, go to a spill file in the run
+directory that the next primary on the same database writes (proxy/spill.py).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
-from . import admin, running
+from . import admin, running, spill
 from .recorder import Finished
 from .row_channel import Channel
 
@@ -274,6 +276,7 @@ class Shipper:
         self.pending: list[tuple[Any, ...]] = []
         self.dropped = 0
         self.shipped = 0
+        self.held: spill.Held | None = None  # the primary is gone: rows kept for a spill file
         self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, finished: Finished) -> None:
@@ -293,10 +296,33 @@ class Shipper:
         batch, self.pending = self.pending, []
         if not batch:
             return
-        if self.channel.buffered() > MAX_UNSENT_BYTES or not self.channel.send(("rows", batch)):
-            self.dropped += len(batch)  # the primary does not keep up (or is gone): bounded, counted
+        if self.held is not None or self.channel.writer.is_closing():
+            self.orphan()
+            assert self.held is not None
+            self.held.add(batch)
+        elif self.channel.buffered() > MAX_UNSENT_BYTES or not self.channel.send(("rows", batch)):
+            self.dropped += len(batch)  # the primary does not keep up: bounded, counted
         else:
             self.shipped += len(batch)
+
+    def orphan(self) -> None:
+        """The primary is gone: from now on rows are held, for a spill file (proxy/spill.py)."""
+        if self.held is None:
+            self.held = spill.Held()
+
+    def spill_held(self, db: Path, report: Callable[[str], None]) -> None:
+        """Write the held rows to a spill file that the next primary on `db` writes to the database."""
+        held = self.held
+        if held is None or not (held.rows or held.dropped):
+            return
+        dropped = f"; {held.dropped} more dropped (over {spill.MAX_HELD:,})" if held.dropped else ""
+        try:
+            path = spill.write(held.rows, db) if held.rows else None
+        except OSError as exc:
+            report(f"llmtap: the primary is gone and {len(held.rows)} request row(s) cannot be kept: {exc}")
+            return
+        report(f"llmtap: the primary is gone: kept {len(held.rows)} request row(s) in {path}{dropped}; "
+               "the next llmtap serve on this database writes them")
 
 
 class AdminRelay:
@@ -375,6 +401,8 @@ async def worker(fd: int) -> int:
         while (message := await channel.receive()) is not None:
             if message[0] == "stop":
                 break
+        else:
+            shipper.orphan()  # the primary is gone: the rows of the requests still running are held
         stop.set()  # told to, or the primary is gone
 
     try:
@@ -392,6 +420,7 @@ async def worker(fd: int) -> int:
         await proxy.stop_serving()  # its requests end here and are recorded
         proxy.state.recorder.record_ended()
         shipper.flush()
+        shipper.spill_held(config.db_path, report)
         channel.send(("bye", {"shipped": shipper.shipped, "dropped": shipper.dropped}))
         await channel.drain()
         for task in tasks:

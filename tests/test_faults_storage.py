@@ -292,3 +292,41 @@ async def test_a_database_file_removed_or_replaced_while_serving_gets_the_later_
     assert health["store"]["files_recreated"] == 1 and health["store"]["requests_dropped"] == 0
     assert reports.count(warning) == 1, reports
     assert db.stat().st_mode & 0o077 == 0 or how == "replaced"  # a file llmtap creates is private
+
+
+async def test_health_status_doctor_and_metrics_say_so_while_writes_fail(sim: Simulator, tmp_path: Path) -> None:
+    """A full disk under a real `serve`: health is still `ok` (it serves; every admin client finds it
+    so) but its warnings say since when no write succeeds and what waits in memory; `llmtap status`
+    and `doctor` repeat it, Prometheus has a gauge; all of it goes once the space is back."""
+    with tmpfs(tmp_path / "disk", "4m") as mnt:
+        db = mnt / "llmtap.duckdb"
+        async with Serve(sim.url, db, "--quiet") as serve, aiohttp.ClientSession() as s:
+            assert await chat(s, serve.base, 5) == [200] * 5
+            filler = fill(mnt)
+            assert await chat(s, serve.base, 30) == [200] * 30  # each row a WAL append that fails
+
+            def answer() -> dict:
+                found = serve.admin.health()
+                assert found is not None and found["ok"] is True
+                return found
+            await wait_for(lambda: answer()["store"]["failing_since"] is not None, 10)
+            health = answer()
+            warning = health["warnings"][0]
+            assert warning.startswith(f"cannot write to {db} since ") and "No space left" in warning, warning
+            assert "wait in memory and are lost if the process stops now" in warning
+            waiting = int(warning.split("): ")[1].split(" request row")[0])
+            assert 0 < waiting <= 35, warning
+            async with s.get(serve.admin.endpoint("metrics"), headers=serve.admin.headers()) as r:
+                line = next(x for x in (await r.text()).splitlines()
+                            if x.startswith("llmtap_store_write_failing_seconds "))
+            assert float(line.split()[1]) > 0
+            status = subprocess.run([sys.executable, "-m", "proxy", "status", "--db", str(db)],
+                                    capture_output=True, text=True, timeout=60)
+            assert f"WARNING   cannot write to {db} since" in status.stdout, status.stdout + status.stderr
+            doctor = subprocess.run([sys.executable, "-m", "proxy", "doctor", "--db", str(db), "--port",
+                                     str(serve.port)], capture_output=True, text=True, timeout=60)
+            assert "cannot write to" in doctor.stdout and "free space" in doctor.stdout, doctor.stdout + doctor.stderr
+            filler.unlink()
+            await wait_for(lambda: not answer()["warnings"], 20)
+            assert answer()["store"]["write_failing_s"] == 0
+            assert serve.stop() == 0

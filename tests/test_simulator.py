@@ -423,3 +423,25 @@ def test_mock_upstream_on_a_busy_port_says_so_in_one_line() -> None:
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}: ") and "in use" in done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+async def test_the_agent_script_calls_declared_tools_with_their_own_arguments_then_answers() -> None:
+    """--tool-script with two tools and arguments per tool: a request that declares only one gets a call
+    of that one; a request whose history ends with its result gets text."""
+    args = json.dumps({"Agent": {"prompt": "p"}, "Bash": {"command": "true"}})
+    config = SimConfig(ttft_ms=0, itl_ms=0, tokens=4, tool_call=True, tool_name="Agent,Bash", tool_args=args,
+                       tool_script=True)
+    async with Simulator(config) as s, aiohttp.ClientSession() as http:
+        async def ask(body: dict) -> dict:
+            async with http.post(s.url + "/v1/messages", json={"model": "m", "max_tokens": 9, **body}) as r:
+                return await r.json()
+
+        both = await ask({"messages": [{"role": "user", "content": "go"}]})
+        assert [(b["name"], b["input"]) for b in both["content"]] == [("Agent", {"prompt": "p"}),
+                                                                       ("Bash", {"command": "true"})]
+        only = await ask({"messages": [{"role": "user", "content": "go"}], "tools": [{"name": "Bash"}]})
+        assert [b["name"] for b in only["content"]] == ["Bash"]
+        done = await ask({"messages": [{"role": "user", "content": "go"},
+                                       {"role": "assistant", "content": only["content"]},
+                                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]})
+        assert [b["type"] for b in done["content"]] == ["text"] and done["stop_reason"] == "end_turn"

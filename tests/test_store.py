@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS
+from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
 from proxy.store import DatabaseLocked, Store, StoreError, open_readonly
 
 from .waiting import wait_until_sync
@@ -50,6 +50,9 @@ def full_row(i: int) -> dict[str, Any]:
         "INTEGER": lambda _: 200 + i,
         "DOUBLE": lambda _: i + 0.25,
         "TIMESTAMPTZ": lambda _: dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC) + dt.timedelta(seconds=i),
+        TOOL_CALLS_TYPE: lambda _: [{"id": f"call-{i}", "name": "Bash", "ended_ms": i + 0.5},
+                                    {"id": None, "name": "Read", "ended_ms": None}],
+        TOOL_RESULTS_TYPE: lambda _: [{"id": f"call-{i}", "name": None}],
     }
     return {name: values[type_](name) for name, type_ in REQUEST_COLUMNS}
 

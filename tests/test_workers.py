@@ -269,3 +269,157 @@ async def test_a_port_another_process_listens_on_stops_the_start(sim: Simulator,
     assert proc.returncode != 0
     assert "cannot listen" in proc.stderr and "in use" in proc.stderr
     assert not list(paths.state_dir().glob("*.json"))
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie no one reaps yet counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+async def tagged_stream(s: aiohttp.ClientSession, base: str, tag: str, ended: dict[str, float]) -> None:
+    """A slow stream tagged `tag`; its end time in `ended` if it came whole (the primary's own are cut)."""
+    slow = {"x-sim-tokens": "40", "x-sim-itl-ms": "50", "x-llmtap-tag": tag}  # two seconds each
+    try:
+        body = await chat(s, base, stream=True, **slow)
+    except (aiohttp.ClientError, AssertionError):
+        return
+    if body.rstrip().endswith(b"data: [DONE]"):
+        ended[tag] = time.monotonic()
+
+
+async def test_rows_a_worker_finishes_after_its_primary_is_killed_are_written_once_by_the_next_start(
+        sim: Simulator, tmp_path: Path) -> None:
+    db = tmp_path / "spill.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    worker = state.workers[0]
+    ended: dict[str, float] = {}
+    try:
+        async with fresh_connections() as s:
+            streams = [asyncio.create_task(tagged_stream(s, state.url, f"s{i}", ended)) for i in range(24)]
+            for _ in range(200):  # until the upstream has every request (both processes are relaying them)
+                if sum(path.startswith("/v1/chat") for _m, path, *_ in sim.requests) >= 24:
+                    break
+                await asyncio.sleep(0.05)
+            proc.kill()
+            killed = time.monotonic()
+            await asyncio.wait_for(asyncio.gather(*streams), 30)
+    finally:
+        stop(proc)
+    for _ in range(300):  # the worker ends its requests (up to 5 s), spills, and exits
+        if gone(worker):
+            break
+        await asyncio.sleep(0.05)
+    assert gone(worker)
+    after = {tag for tag, t in ended.items() if t > killed}  # finished by the worker alone
+    assert after, ended  # the kernel gave it some of the 24 (2^-24 that it got none)
+    run_dir = paths.state_dir()
+    (spilled,) = run_dir.glob("spill-*.jsonl")
+    assert stat.S_IMODE(spilled.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    kept = spilled.read_bytes()
+    for attempt in range(2):  # the second start finds the same file again, as after a crash before its removal
+        proc, state = await start_serve(sim.url, db)
+        try:
+            async with fresh_connections() as s:
+                admin = running.AdminClient(state.url, state.admin_token)
+                assert await count_until(s, admin, len(after)) >= len(after)
+                for _ in range(100):
+                    if not spilled.exists():
+                        break
+                    await asyncio.sleep(0.1)
+        finally:
+            out, err = stop(proc)
+        assert proc.returncode == 0, err
+        assert not spilled.exists()
+        spilled.write_bytes(kept)
+        os.chmod(spilled, 0o600)
+    assert "already there" in err
+    spilled.unlink()
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT tag, count(*) FROM requests GROUP BY tag").fetchall()
+    chunks = con.execute("SELECT count(*), count(DISTINCT request_id) FROM chunks").fetchone()
+    con.close()
+    assert {tag for tag, _ in rows} >= after and all(n == 1 for _, n in rows), (rows, after)
+    assert {tag for tag, _ in rows} <= set(ended)  # rows only of streams that came whole
+    assert chunks[1] == len(rows) and chunks[0] >= 40 * len(rows)  # each request's chunk rows came with it
+    print(f"primary killed: {len(after)} of 24 streams finished by the worker, {len(rows)} rows after the restart")
+
+
+async def test_private_sockets_killed_primaries_left_are_removed_at_start_and_nothing_else(
+        sim: Simulator, tmp_path: Path) -> None:
+    import socket
+
+    db = tmp_path / "sockets.duckdb"
+    proc, state = await start_serve(sim.url, db)
+    proc.kill()
+    stop(proc)
+    for _ in range(300):
+        if gone(state.workers[0]):
+            break
+        await asyncio.sleep(0.05)
+    run_dir = paths.state_dir()
+    left = run_dir / f"{state.port}.{proc.pid}.sock"
+    assert left.exists()  # what a killed primary leaves
+    outside = tmp_path / "outside.sock"
+    keep = []
+    with socket.socket(socket.AF_UNIX) as bound, socket.socket(socket.AF_UNIX) as listening, \
+            socket.socket(socket.AF_UNIX) as others:
+        bound.bind(str(outside))  # a socket elsewhere, named by a symlink in the run directory
+        (run_dir / f"1.{proc.pid}.sock").symlink_to(outside)
+        keep.append(run_dir / f"1.{proc.pid}.sock")
+        (run_dir / f"2.{proc.pid}.sock").write_bytes(b"")  # not a socket
+        keep.append(run_dir / f"2.{proc.pid}.sock")
+        listening.bind(str(run_dir / f"3.{os.getpid()}.sock"))  # a live process listens on it
+        listening.listen()
+        keep.append(run_dir / f"3.{os.getpid()}.sock")
+        others.bind(str(run_dir / f"4.{proc.pid}.sock"))  # another user's
+        os.chown(run_dir / f"4.{proc.pid}.sock", 65534, 65534)
+        keep.append(run_dir / f"4.{proc.pid}.sock")
+        (run_dir / "notes.sock").write_bytes(b"")  # not a name of ours
+        keep.append(run_dir / "notes.sock")
+        with socket.socket(socket.AF_UNIX) as reused:  # its pid alive (pid reuse) but nobody listens
+            reused.bind(str(run_dir / f"5.{os.getpid()}.sock"))
+        proc, state = await start_serve(sim.url, db)
+        out, err = stop(proc)
+        assert proc.returncode == 0, err
+        assert not left.exists() and not (run_dir / f"5.{os.getpid()}.sock").exists()
+        assert all(os.path.lexists(path) for path in keep), sorted(os.listdir(run_dir))
+        assert outside.exists()
+
+
+async def test_a_spill_file_someone_else_could_have_written_is_left_alone(sim: Simulator, tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from proxy import spill
+
+    db = tmp_path / "planted.duckdb"
+    run_dir = running.private_dir()
+
+    def planted(n: int) -> Path:
+        row = {"id": f"{n:032x}", "status": 200, "outcome": "ok", "started_at": datetime.now(timezone.utc),
+               "tag": f"p{n}"}
+        made = spill.write([(row, [], None)], db)
+        return made.rename(run_dir / f"spill-{n}.jsonl")
+
+    good = planted(1)
+    planted(2).chmod(0o644)  # others can read it
+    planted(3).chmod(0o620)  # others can write it
+    os.chown(planted(4), 65534, 65534)  # another user's
+    outside = planted(5).rename(tmp_path / "spill-5.jsonl")
+    (run_dir / "spill-5.jsonl").symlink_to(outside)
+    proc, state = await start_serve(sim.url, db)
+    try:
+        async with fresh_connections() as s:
+            admin = running.AdminClient(state.url, state.admin_token)
+            assert await count_until(s, admin, 1) == 1
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert not good.exists() and outside.exists()
+    assert all((run_dir / f"spill-{n}.jsonl").exists() for n in (2, 3, 4)) and os.path.islink(run_dir / "spill-5.jsonl")
+    assert err.count("left ") == 4, err
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT list(tag) FROM requests").fetchone()[0] == ["p1"]
+    con.close()

@@ -56,8 +56,11 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         raise click.ClickException(str(exc)) from None
     if not result.changed:
         click.echo(f"{result.path} already has this configuration: nothing written")
-        return
-    click.echo(f"wrote {result.path}" + (f" (backup: {result.backup})" if result.backup else " (new file)"))
+    else:
+        click.echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
+                                             else " (new file, owner-only)"))
+    for line in result.tightened_lines():
+        click.echo(line)
 
 
 def _client_key(live: LiveProxy | None) -> str | None:

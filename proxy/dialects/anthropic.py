@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import (NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, blocks, quick_pattern,
+                                 results_after_last)
 
 _DELTAS = {
     "text_delta": ("text", "text", True),
@@ -47,6 +48,8 @@ class Anthropic(Dialect):
     quick: ClassVar[Quick | None] = _QUICK
     # The raw counts as last reported, before summing into `usage`.
     raw_usage: dict[str, int] = field(default_factory=dict, repr=False)
+    # The tool_use blocks still open in a stream, by their index (content_block_stop ends one).
+    open_calls: dict[Any, list[Any]] | None = None
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         try:
@@ -61,9 +64,29 @@ class Anthropic(Dialect):
 
     def read_body(self, obj: Any) -> None:
         self._message(obj)
+        for block in blocks(obj.get("content"), "tool_use"):
+            self.add_tool_call(block.get("id"), block.get("name"))
+
+    @staticmethod
+    def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
+        """`tool_result` blocks (their `tool_use_id`) in the user messages after the last assistant
+        message, named by that message's `tool_use` blocks."""
+        return results_after_last(
+            body.get("messages"), lambda m: m.get("role") == "assistant",
+            lambda m: ((b.get("tool_use_id"), None) for b in blocks(m.get("content"), "tool_result")),
+            lambda m: ((b.get("id"), b.get("name")) for b in blocks(m.get("content"), "tool_use")))
 
     def _message_event(self, kind: str | None, obj: dict[str, Any]) -> None:
-        if kind == "message_start":
+        if kind == "content_block_start":
+            block = obj.get("content_block")
+            if type(block) is dict and block.get("type") == "tool_use":
+                if self.open_calls is None:
+                    self.open_calls = {}
+                self.open_calls[obj.get("index")] = self.add_tool_call(block.get("id"), block.get("name"))
+        elif kind == "content_block_stop":
+            if self.open_calls and (entry := self.open_calls.pop(obj.get("index"), None)) is not None:
+                self.end_tool_call(entry)
+        elif kind == "message_start":
             self._message(obj["message"])
         elif kind == "message_delta":
             reason = (obj.get("delta") or {}).get("stop_reason")

@@ -29,13 +29,16 @@ about what the parse does, and a miss would cost both.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
 from ..schema import ERROR_MESSAGE_MAX
+
+
+ENDED = -1  # a tool call's end, before the meter stamps its time (Dialect.tool_calls)
 
 
 class Delta(NamedTuple):
@@ -133,6 +136,11 @@ class Dialect:
     empty_choices_chunks: int = 0
     parse_errors: int = 0
     parse_error: str | None = None
+    # The tool calls the response asked for, in order: [call id, tool name, when its block ended:
+    # 0 until it has, ENDED until the meter stamps the read that ended it (perf_counter_ns)]. None
+    # until the first. Ids and names only, never arguments.
+    tool_calls: list[list[Any]] | None = None
+    unstamped: bool = False  # a call ended in the event just read: the meter stamps it (`stamp`)
 
     # Does this API end a stream with an explicit terminal event? If so, a
     # stream that ends without it is recorded as stream_truncated.
@@ -167,6 +175,33 @@ class Dialect:
     def read_body(self, obj: Any) -> None:
         """A parsed non-streaming body that is not an error (each API reads its own)."""
 
+    @staticmethod
+    def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
+        """The tool results a request's parsed body carries that are new since the model last
+        spoke, as (call id, tool name) in order (the name from the call in the body's own history,
+        when it is there); None for none. Each API reads its own shape (proxy/request_info.py)."""
+        return None
+
+    def add_tool_call(self, call_id: object, name: object) -> list[Any]:
+        """A tool call the response asks for; its entry, to be marked ended with `end_tool_call`."""
+        entry = [as_str(call_id), as_str(name), 0]
+        if self.tool_calls is None:
+            self.tool_calls = []
+        self.tool_calls.append(entry)
+        return entry
+
+    def end_tool_call(self, entry: list[Any]) -> None:
+        """The call's block ended with the event being read."""
+        entry[2] = ENDED
+        self.unstamped = True
+
+    def stamp(self, t_ns: int) -> None:
+        """The calls that ended in the events just read ended at `t_ns` (the meter's read time)."""
+        for entry in self.tool_calls or ():
+            if entry[2] == ENDED:
+                entry[2] = t_ns
+        self.unstamped = False
+
     def note_parse_error(self, message: str) -> None:
         self.parse_errors += 1
         if self.parse_error is None:
@@ -197,6 +232,31 @@ class Dialect:
             return None
         self.terminal = True
         return obj
+
+
+def results_after_last(messages: object, is_model: Callable[[Any], bool],
+                       results: Callable[[Any], Iterable[tuple[Any, Any]]],
+                       calls: Callable[[Any], Iterable[tuple[Any, Any]]]) -> list[tuple[str | None, str | None]] | None:
+    """The tool results in the items of a request's history after the last one the model wrote
+    (`is_model`), as (call id, tool name): `results(item)` gives an item's (call id, name or None),
+    `calls(item)` the calls an item holds as (call id, name), which name the results that give none:
+    those of the last model item and after it (Responses' calls are items of their own)."""
+    if type(messages) is not list:
+        return None
+    last = next((i for i in range(len(messages) - 1, -1, -1) if type(messages[i]) is dict and is_model(messages[i])), -1)
+    tail = [item for item in messages[max(last, 0):] if type(item) is dict]
+    names = {as_str(c): as_str(n) for item in tail for c, n in calls(item)}
+    found = [(as_str(c), as_str(n) or names.get(as_str(c))) for item in messages[last + 1:] if type(item) is dict
+             for c, n in results(item)]
+    return found or None
+
+
+def blocks(content: object, kind: str) -> Iterable[dict[str, Any]]:
+    """The blocks of a message's content list of one `type` (Anthropic's and Responses' shapes)."""
+    if type(content) is list:
+        for block in content:
+            if type(block) is dict and block.get("type") == kind:
+                yield block
 
 
 def as_tokens(value: object) -> int | None:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from orjson import dumps, loads
 
-from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens
+from proxy.dialects.base import Delta, Dialect, Usage, as_str, as_tokens, results_after_last
 
 _RANK = {"text": 0, "tool_args": 1, "reasoning": 2}
 
@@ -35,6 +35,13 @@ class Gemini(Dialect):
         """One response, or the JSON array a stream is without `alt=sse`."""
         for response in obj if type(obj) is list else (obj,):
             self._response(response)
+
+    @staticmethod
+    def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
+        """`functionResponse` parts (their `id` and `name`) in the contents after the model's last."""
+        return results_after_last(
+            body.get("contents"), lambda c: c.get("role") == "model",
+            lambda c: ((r.get("id"), r.get("name")) for r in _parts(c, "functionResponse")), lambda c: ())
 
     def _response(self, obj: dict[str, Any]) -> Delta | None:
         if obj.get("error"):
@@ -58,6 +65,9 @@ class Gemini(Dialect):
             if reason:
                 self.finish_reason = as_str(reason)
             for part in (candidate.get("content") or {}).get("parts") or ():
+                if part.get("functionCall"):  # a call comes whole, in one event
+                    call = part["functionCall"]
+                    self.end_tool_call(self.add_tool_call(call.get("id"), call.get("name")))
                 k, n = _part(part)
                 if n:
                     chars += n
@@ -78,6 +88,11 @@ def _part(part: dict[str, Any]) -> tuple[str, int]:
         args = call.get("args")
         return "tool_args", len(name) + (len(dumps(args)) if args else 0)
     return "text", 0
+
+
+def _parts(content: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    parts = content.get("parts")
+    return [p[key] for p in parts if type(p) is dict and type(p.get(key)) is dict] if type(parts) is list else []
 
 
 def _usage(meta: dict[str, Any]) -> Usage:

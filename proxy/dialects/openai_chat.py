@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import (ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern,
+                                 results_after_last)
 
 # When one event carries several kinds of output, it is reported as the most
 # visible one, with the characters of all of them.
@@ -40,6 +41,9 @@ class OpenAIChat(Dialect):
     strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
     quick: ClassVar[Quick | None] = _QUICK
+    # A stream's tool calls by (choice index, call index): their fragments come apart, the first
+    # with the id and name; the call's block ends with its last fragment.
+    open_calls: dict[Any, list[Any]] | None = None
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         if data[:1] != b"{" and data.strip() == b"[DONE]":
@@ -59,7 +63,42 @@ class OpenAIChat(Dialect):
             return None
 
     def read_body(self, obj: Any) -> None:
-        self._common(obj)
+        for choice in self._common(obj) or ():
+            message = choice.get("message") or {}
+            for call in message.get("tool_calls") or ():
+                self.add_tool_call(call.get("id"), (call.get("function") or {}).get("name"))
+            if message.get("function_call"):
+                self.add_tool_call(None, message["function_call"].get("name"))
+
+    @staticmethod
+    def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
+        """`role: tool` messages (their `tool_call_id`; the deprecated `role: function` by name) after
+        the last assistant message, named by its `tool_calls`."""
+        return results_after_last(body.get("messages"), lambda m: m.get("role") == "assistant", _result,
+                                  lambda m: ((c.get("id"), (c.get("function") or {}).get("name"))
+                                             for c in m.get("tool_calls") or () if type(c) is dict))
+
+    def _tool_fragments(self, choice: dict[str, Any], delta: dict[str, Any]) -> None:
+        """A stream's tool-call fragments in one choice's delta: a fragment with an id opens a call."""
+        calls = self.open_calls
+        if calls is None:
+            calls = self.open_calls = {}
+        at = choice.get("index", 0)
+        for position, call in enumerate(delta.get("tool_calls") or ()):
+            key = (at, call.get("index", position))
+            function = call.get("function") or {}
+            entry = calls.get(key)
+            call_id = call.get("id")
+            if entry is None or (call_id and call_id != entry[0]):  # some APIs repeat the id in every fragment
+                entry = calls[key] = self.add_tool_call(call_id, function.get("name"))
+            elif entry[1] is None and function.get("name"):
+                entry[1] = as_str(function["name"])
+            self.end_tool_call(entry)
+        if delta.get("function_call"):
+            entry = calls.get((at, "function_call"))
+            if entry is None:
+                entry = calls[(at, "function_call")] = self.add_tool_call(None, delta["function_call"].get("name"))
+            self.end_tool_call(entry)
 
     def _chunk(self, obj: dict[str, Any]) -> Delta | None:
         if obj.get("error"):
@@ -75,6 +114,8 @@ class OpenAIChat(Dialect):
         for choice in choices:
             delta = choice.get("delta")
             if delta:
+                if "tool_calls" in delta or "function_call" in delta:
+                    self._tool_fragments(choice, delta)
                 k, n = _output(delta)
                 if n:
                     chars += n
@@ -149,6 +190,15 @@ def _output(delta: dict[str, Any]) -> tuple[str, int]:
             kind = "reasoning"
         chars += len(reasoning)
     return kind, chars
+
+
+def _result(message: dict[str, Any]) -> tuple[tuple[Any, Any], ...]:
+    role = message.get("role")
+    if role == "tool":
+        return ((message.get("tool_call_id"), None),)
+    if role == "function":
+        return ((None, message.get("name")),)
+    return ()
 
 
 def _call_chars(function: dict[str, Any] | None) -> int:

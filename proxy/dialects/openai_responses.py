@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 from orjson import loads
 
-from proxy.dialects.base import ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern
+from proxy.dialects.base import (ASCII, NUMBER, Delta, Dialect, Quick, Usage, as_str, as_tokens, quick_pattern,
+                                 results_after_last)
 
 # type -> (Delta.event_type, visible). "audio" counts base64 characters and
 # "transcript" the text of generated speech; neither is read as text.
@@ -51,6 +52,8 @@ class OpenAIResponses(Dialect):
     strict_json: ClassVar[bool] = True
     has_terminal_event: ClassVar[bool] = True
     quick: ClassVar[Quick | None] = _QUICK
+    # A stream's tool-call items still open (`output_item.added` to `.done`), by item id.
+    open_calls: dict[Any, list[Any]] | None = None
 
     def on_event(self, data: bytes, event: str | None) -> Delta | None:
         try:
@@ -68,9 +71,24 @@ class OpenAIResponses(Dialect):
     def read_body(self, obj: Any) -> None:
         """A Response object or a compact response (`/responses/compact`)."""
         self._response(obj, final=True)
+        for item in obj.get("output") or ():
+            if _is_call(item):
+                self.add_tool_call(item.get("call_id"), _call_name(item))
+
+    @staticmethod
+    def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
+        """`*_call_output` items (their `call_id`) after the last assistant message or reasoning item
+        of `input`, named by the `*_call` items there (Codex sends the whole history)."""
+        return results_after_last(
+            body.get("input"), lambda i: i.get("type") == "reasoning" or i.get("role") == "assistant",
+            lambda i: ((i.get("call_id"), None),) if type(i.get("type")) is str and i["type"].endswith("_call_output")
+            else (),
+            lambda i: ((i.get("call_id"), _call_name(i)),) if _is_call(i) else ())
 
     def _structural(self, kind: str | None, obj: dict[str, Any]) -> None:
-        if kind in _TERMINAL:
+        if kind == "response.output_item.added" or kind == "response.output_item.done":
+            self._call_item(kind, obj.get("item"))
+        elif kind in _TERMINAL:
             self.terminal = True
             self._response(obj["response"], final=True)
         elif kind in _STARTED:
@@ -100,6 +118,37 @@ class OpenAIResponses(Dialect):
             self.finish_reason = reason or status
         if status == "failed" and self.error_type is None:
             self.note_error({"code": "response.failed"})
+
+
+    def _call_item(self, kind: str, item: Any) -> None:
+        """A tool-call output item opens with `output_item.added` and ends with `.done` (a `.done`
+        alone is a call whole in one event)."""
+        if not _is_call(item):
+            return
+        calls = self.open_calls
+        if calls is None:
+            calls = self.open_calls = {}
+        entry = calls.pop(item.get("id"), None)
+        if entry is None:
+            entry = self.add_tool_call(item.get("call_id"), _call_name(item))
+        if kind == "response.output_item.added":
+            calls[item.get("id")] = entry
+        else:
+            self.end_tool_call(entry)
+
+
+def _is_call(item: Any) -> bool:
+    """A call of a tool the client runs (function_call, custom_tool_call, local_shell_call,
+    computer_call, shell_call, apply_patch_call, …): a `*_call` item with a `call_id`. The server's
+    own tools (web_search_call, file_search_call, …) have none."""
+    return type(item) is dict and type(item.get("type")) is str and item["type"].endswith("_call") \
+        and item.get("call_id") is not None
+
+
+def _call_name(item: dict[str, Any]) -> str | None:
+    """A function's or custom tool's name; for the built-in kinds, the kind (`local_shell`)."""
+    name = item.get("name")
+    return name if type(name) is str else item["type"][:-5]
 
 
 def _usage(usage: dict[str, Any]) -> Usage:

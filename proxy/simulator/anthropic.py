@@ -8,9 +8,9 @@ import orjson
 from aiohttp import web
 
 from .emit import Emitter, Event, sse_named
-from .exchange import Exchange, open_exchange
+from .exchange import Exchange, ToolCall, open_exchange
 from .respond import json_response, respond_json, respond_stream
-from .tokens import TOOL_NAME, expected_reasoning, expected_text, reasoning_piece, text_piece, tool_arg_pieces
+from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 SIGNATURE = "c2ltdWxhdGVkLXNpZ25hdHVyZQ=="
 
@@ -31,8 +31,8 @@ def stop_reason(ex: Exchange) -> str:
     return "tool_use" if ex.tool_call else "end_turn"
 
 
-def _tool_block(ex: Exchange, input_: Any) -> Event:
-    return {"type": "tool_use", "id": "toolu_" + ex.suffix, "name": TOOL_NAME, "input": input_}
+def _tool_block(call: ToolCall, input_: Any) -> Event:
+    return {"type": "tool_use", "id": "toolu_" + call.suffix, "name": call.name, "input": input_}
 
 
 def _message(ex: Exchange, content: list[Event], stop: str | None, output_tokens: int) -> Event:
@@ -53,8 +53,7 @@ def message(ex: Exchange) -> Event:
     if ex.reasoning:
         content.append({"type": "thinking", "thinking": expected_reasoning(ex.reasoning), "signature": SIGNATURE})
     if ex.tool_call:
-        arguments = "".join(tool_arg_pieces(ex.output))
-        content.append(_tool_block(ex, orjson.loads(arguments) if arguments else {}))
+        content += [_tool_block(call, orjson.loads(call.arguments) if call.arguments else {}) for call in ex.calls]
     else:
         content.append({"type": "text", "text": expected_text(ex.output)})
     return _message(ex, content, stop_reason(ex), ex.output_tokens)
@@ -83,8 +82,12 @@ async def produce(em: Emitter, ex: Exchange) -> None:
         await em.event({"type": "content_block_stop", "index": index})
         index += 1
     if ex.tool_call:
-        args = [{"type": "input_json_delta", "partial_json": piece} for piece in tool_arg_pieces(ex.output)]
-        await _block(em, index, _tool_block(ex, {}), args)
+        for n, call in enumerate(ex.calls):
+            if n:
+                await em.event({"type": "content_block_stop", "index": index})
+                index += 1
+            args = [{"type": "input_json_delta", "partial_json": piece} for piece in call.pieces]
+            await _block(em, index, _tool_block(call, {}), args)
     else:
         text = [{"type": "text_delta", "text": text_piece(i)} for i in range(ex.output)]
         await _block(em, index, {"type": "text", "text": ""}, text)

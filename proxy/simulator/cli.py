@@ -45,6 +45,12 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 @click.option("--tokens", type=COUNT, default=DEFAULTS.tokens, show_default=True, help="Output text tokens.")
 @click.option("--reasoning-tokens", type=COUNT, default=0, show_default=True, help="Reasoning tokens before the text.")
 @click.option("--tool-call", is_flag=True, help="Answer with a tool call instead of text.")
+@click.option("--tool-name", type=str, default=DEFAULTS.tool_name, show_default=True,
+              help="The tool a tool call calls; several, comma-separated, are called together (Bash,Read).")
+@click.option("--tool-args", type=str, help="The calls' arguments, one JSON object (default: generated text); "
+              "with several tools, an object of each one's arguments by name.")
+@click.option("--tool-script", is_flag=True,
+              help="An agent's loop: a request whose history ends with a tool result gets text, not a call.")
 @click.option("--error-status", type=click.IntRange(400, 599), help="Answer every request with this HTTP error.")
 @click.option("--stream-error", is_flag=True, help="Fail each stream halfway with the API's error event.")
 @click.option("--disconnect-after", type=COUNT, help="Drop the connection after N output events.")

@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .tokens import TOOL_NAME
+
 
 @dataclass(slots=True)
 class SimConfig:
@@ -34,6 +36,13 @@ class SimConfig:
     tokens: int = 20
     reasoning_tokens: int = 0
     tool_call: bool = False
+    # The calls a tool-call answer asks for (tool_call): their tools' names, comma-separated, one call
+    # each, made together (`Bash,Read`); their arguments as one JSON object text (None: generated
+    # from `tokens`), sent in `tokens` fragments; with tool_script, a request whose history ends with
+    # a tool result is answered with text instead (an agent's loop: call, result, final answer).
+    tool_name: str = TOOL_NAME
+    tool_args: str | None = None
+    tool_script: bool = False
     error_status: int | None = None
     stream_error: bool = False
     disconnect_after: int | None = None
@@ -90,6 +99,21 @@ def _status(text: str) -> int | None:
     return value if value >= 400 else None
 
 
+def _names(text: str) -> str:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ValueError("must be tool names, comma-separated")
+    return ",".join(names)
+
+
+def _json_object(text: str) -> str:
+    import json
+
+    if not isinstance(json.loads(text), dict):
+        raise ValueError("must be a JSON object")
+    return text
+
+
 # header name -> (SimConfig field, parser)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-ttft-ms": ("ttft_ms", _duration),
@@ -97,6 +121,9 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-tokens": ("tokens", _count),
     "x-sim-reasoning-tokens": ("reasoning_tokens", _count),
     "x-sim-tool-call": ("tool_call", _flag),
+    "x-sim-tool-name": ("tool_name", _names),
+    "x-sim-tool-args": ("tool_args", _json_object),
+    "x-sim-tool-script": ("tool_script", _flag),
     "x-sim-status": ("error_status", _status),
     "x-sim-stream-error": ("stream_error", _flag),
     "x-sim-disconnect-after": ("disconnect_after", _count),

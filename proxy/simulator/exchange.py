@@ -8,7 +8,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import brotli
 import orjson
@@ -19,7 +19,7 @@ from .config import BadOverride, SimConfig, with_overrides
 from .errors import Api
 from .pacing import TokenClock
 from .state import STATE, SimState
-from .tokens import count_input_tokens
+from .tokens import carries_tool_result, count_input_tokens, declared_tools, split_arguments, tool_arg_pieces
 
 try:
     from compression import zstd  # type: ignore[import-not-found]
@@ -55,6 +55,18 @@ class SimError(Exception):
 
 def new_request_id() -> str:
     return "req_" + uuid.uuid4().hex[:24]
+
+
+class ToolCall(NamedTuple):
+    """One call a tool-call answer asks for."""
+
+    suffix: str  # the tail of its ids
+    name: str
+    pieces: list[str]  # its arguments' fragments, joining into a JSON object
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass(slots=True)
@@ -94,7 +106,28 @@ class Exchange:
 
     @property
     def tool_call(self) -> bool:
-        return self.config.tool_call
+        """Whether this answer is a tool call: asked for, (tool_script) the request does not bring a
+        tool's result already, and it declares one of the tools to call (or declares none)."""
+        config = self.config
+        return config.tool_call and not (config.tool_script and carries_tool_result(self.body)) and bool(self._names())
+
+    def _names(self) -> list[str]:
+        """The tools to call: `tool_name`'s, less those a request that declares tools does not."""
+        names, declared = self.config.tool_name.split(","), declared_tools(self.body)
+        return names if declared is None else [n for n in names if n in declared]
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls of a tool-call answer, one per name in `tool_name` (that the request declares): the
+        first's ids end in the exchange's suffix, the others' in the suffix and their position."""
+        names, args = self._names(), self.config.tool_args
+        by_name = per_tool(args, self.config.tool_name.split(","))
+
+        def pieces(name: str) -> list[str]:
+            text = by_name[name] if by_name is not None else args
+            return split_arguments(text, self.output) if text is not None else tool_arg_pieces(self.output)
+
+        return [ToolCall(self.suffix + (f"_{i}" if i else ""), name, pieces(name)) for i, name in enumerate(names)]
 
     @property
     def suffix(self) -> str:
@@ -117,6 +150,17 @@ class Exchange:
         ttft_ms = self.config.headers_delay_ms + self.config.ttft_ms
         ttft_ms += self.input_tokens * self.config.prefill_us_per_token / 1000
         return TokenClock(self.started, ttft_ms / 1000, self.config.itl_ms / 1000, state.load)
+
+
+def per_tool(args: str | None, names: list[str]) -> dict[str, str] | None:
+    """`tool_args` given per tool: a JSON object whose keys are the tools' names and whose values
+    are each one's arguments; None when it is one object for every call."""
+    if args is None or len(names) < 2:
+        return None
+    obj = orjson.loads(args)
+    if set(obj) != set(names) or not all(isinstance(v, dict) for v in obj.values()):
+        return None
+    return {name: orjson.dumps(value).decode() for name, value in obj.items()}
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:

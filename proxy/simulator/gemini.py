@@ -16,9 +16,9 @@ from aiohttp import web
 
 from .emit import Emitter, Event, JsonArrayFramer, sse_data
 from .errors import gemini_error
-from .exchange import Exchange, SimError, open_exchange
+from .exchange import Exchange, SimError, ToolCall, open_exchange
 from .respond import respond_json, respond_stream
-from .tokens import TOOL_NAME, expected_reasoning, expected_text, reasoning_piece, text_piece, tool_arg_pieces
+from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 STREAM_ERROR = gemini_error(503, "The model is overloaded. Please try again later. (simulated)")
 
@@ -38,9 +38,8 @@ def _finish(ex: Exchange) -> str:
     return "MAX_TOKENS" if ex.truncated else "STOP"
 
 
-def _function_call(ex: Exchange) -> Event:
-    arguments = "".join(tool_arg_pieces(ex.output)) or "{}"
-    return {"functionCall": {"name": TOOL_NAME, "args": orjson.loads(arguments)}}
+def _function_call(call: ToolCall) -> Event:
+    return {"functionCall": {"name": call.name, "args": orjson.loads(call.arguments or "{}")}}
 
 
 def _chunk(ex: Exchange, parts: list[Event], last: bool = False) -> Event:
@@ -56,7 +55,7 @@ def generated(ex: Exchange) -> Event:
     parts: list[Event] = []
     if ex.reasoning:
         parts.append({"text": expected_reasoning(ex.reasoning), "thought": True})
-    parts.append(_function_call(ex) if ex.tool_call else {"text": expected_text(ex.output)})
+    parts += [_function_call(c) for c in ex.calls] if ex.tool_call else [{"text": expected_text(ex.output)}]
     return _chunk(ex, parts, last=True)
 
 
@@ -64,7 +63,7 @@ def _deltas(ex: Exchange) -> list[tuple[Event, int]]:
     """(part, tokens it carries) for each streamed chunk."""
     deltas = [({"text": reasoning_piece(i), "thought": True}, 1) for i in range(ex.reasoning)]
     if ex.tool_call:
-        deltas.append((_function_call(ex), ex.output))
+        deltas += [(_function_call(c), ex.output) for c in ex.calls]
     else:
         deltas += [({"text": text_piece(i)}, 1) for i in range(ex.output)]
     return deltas
@@ -93,7 +92,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ex.plan(model=model, max_tokens=max_tokens, stream=action == "streamGenerateContent")
     if not ex.stream:
         return await respond_json(request, ex, generated)
-    deltas = ex.reasoning + (1 if ex.tool_call else ex.output)
+    deltas = ex.reasoning + (len(ex.calls) if ex.tool_call else ex.output)
     if request.query.get("alt") == "sse":
         return await respond_stream(request, ex, produce, sse_data, total_deltas=deltas)
     framer = JsonArrayFramer()

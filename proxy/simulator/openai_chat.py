@@ -8,9 +8,9 @@ from aiohttp import web
 
 from .emit import Emitter, Event, sse_data
 from .errors import openai_error
-from .exchange import Exchange, open_exchange
+from .exchange import Exchange, ToolCall, open_exchange
 from .respond import respond_json, respond_stream
-from .tokens import TOOL_NAME, expected_reasoning, expected_text, reasoning_piece, text_piece, tool_arg_pieces
+from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 STREAM_ERROR = openai_error(500, "The server had an error while processing your request (simulated)")
 
@@ -31,8 +31,8 @@ def finish_reason(ex: Exchange) -> str:
     return "tool_calls" if ex.tool_call else "stop"
 
 
-def _tool_call_id(ex: Exchange) -> str:
-    return "call_" + ex.suffix
+def _tool_call_id(call: ToolCall) -> str:
+    return "call_" + call.suffix
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -56,15 +56,16 @@ async def produce(em: Emitter, ex: Exchange) -> None:
     for i in range(ex.reasoning):
         await em.delta(chunk({"reasoning_content": reasoning_piece(i)}))
     if ex.tool_call:
-        # The id/name fragment goes out just before the first arguments fragment.
-        call = {"index": 0, "id": _tool_call_id(ex), "type": "function"}
-        lead: Event | None = chunk({"tool_calls": [call | {"function": {"name": TOOL_NAME, "arguments": ""}}]})
-        for piece in tool_arg_pieces(ex.output):
-            await em.delta(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}), lead)
-            lead = None
-        if lead is not None:  # no argument tokens at all
-            await em.checkpoint()
-            await em.event(lead)
+        for n, tool in enumerate(ex.calls):
+            # The id/name fragment goes out just before the first arguments fragment.
+            call = {"index": n, "id": _tool_call_id(tool), "type": "function"}
+            lead: Event | None = chunk({"tool_calls": [call | {"function": {"name": tool.name, "arguments": ""}}]})
+            for piece in tool.pieces:
+                await em.delta(chunk({"tool_calls": [{"index": n, "function": {"arguments": piece}}]}), lead)
+                lead = None
+            if lead is not None:  # no argument tokens at all
+                await em.checkpoint()
+                await em.event(lead)
     else:
         for i in range(ex.output):
             await em.delta(chunk({"content": text_piece(i)}))
@@ -80,9 +81,8 @@ def completion(ex: Exchange) -> Event:
     if ex.reasoning:
         message["reasoning_content"] = expected_reasoning(ex.reasoning)
     if ex.tool_call:
-        arguments = "".join(tool_arg_pieces(ex.output))
-        function = {"name": TOOL_NAME, "arguments": arguments}
-        message["tool_calls"] = [{"id": _tool_call_id(ex), "type": "function", "function": function}]
+        message["tool_calls"] = [{"id": _tool_call_id(call), "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments}} for call in ex.calls]
     else:
         message["content"] = expected_text(ex.output)
     choice = {"index": 0, "message": message, "finish_reason": finish_reason(ex), "logprobs": None}

@@ -8,9 +8,9 @@ from typing import Any
 from aiohttp import web
 
 from .emit import Emitter, Event, sse_named
-from .exchange import Exchange, open_exchange
+from .exchange import Exchange, ToolCall, open_exchange
 from .respond import respond_json, respond_stream
-from .tokens import TOOL_NAME, expected_reasoning, expected_text, reasoning_piece, text_piece, tool_arg_pieces
+from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 FAILURE = {"code": "server_error", "message": "The server had an error while processing your request (simulated)"}
 
@@ -44,22 +44,23 @@ def message_item(ex: Exchange, done: bool = True) -> Event:
     return {"id": "msg_" + ex.suffix, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def function_item(ex: Exchange, done: bool = True) -> Event:
-    arguments = "".join(tool_arg_pieces(ex.output)) if done else ""
-    status = _status(ex) if done else "in_progress"
+def function_item(ex: Exchange, call: ToolCall, done: bool = True) -> Event:
     return {
-        "id": "fc_" + ex.suffix,
+        "id": "fc_" + call.suffix,
         "type": "function_call",
-        "status": status,
-        "arguments": arguments,
-        "call_id": "call_" + ex.suffix,
-        "name": TOOL_NAME,
+        "status": _status(ex) if done else "in_progress",
+        "arguments": call.arguments if done else "",
+        "call_id": "call_" + call.suffix,
+        "name": call.name,
     }
 
 
 def output_items(ex: Exchange) -> list[Event]:
     items = [reasoning_item(ex)] if ex.reasoning else []
-    items.append(function_item(ex) if ex.tool_call else message_item(ex))
+    if ex.tool_call:
+        items += [function_item(ex, call) for call in ex.calls]
+    else:
+        items.append(message_item(ex))
     return items
 
 
@@ -118,7 +119,8 @@ async def produce(em: Emitter, ex: Exchange) -> None:
         await _reasoning(em, ex, index)
         index += 1
     if ex.tool_call:
-        await _function_call(em, ex, index)
+        for n, call in enumerate(ex.calls):
+            await _function_call(em, ex, call, index + n)
     else:
         await _message(em, ex, index)
     await em.checkpoint()
@@ -150,14 +152,13 @@ async def _message(em: Emitter, ex: Exchange, index: int) -> None:
     await em.event(ev("response.output_item.done", output_index=index, item=message_item(ex)))
 
 
-async def _function_call(em: Emitter, ex: Exchange, index: int) -> None:
-    where = {"item_id": "fc_" + ex.suffix, "output_index": index}
-    await em.event(ev("response.output_item.added", output_index=index, item=function_item(ex, done=False)))
-    for piece in tool_arg_pieces(ex.output):
+async def _function_call(em: Emitter, ex: Exchange, call: ToolCall, index: int) -> None:
+    where = {"item_id": "fc_" + call.suffix, "output_index": index}
+    await em.event(ev("response.output_item.added", output_index=index, item=function_item(ex, call, done=False)))
+    for piece in call.pieces:
         await em.delta(ev("response.function_call_arguments.delta", **where, delta=piece))
-    arguments = "".join(tool_arg_pieces(ex.output))
-    await em.event(ev("response.function_call_arguments.done", **where, name=TOOL_NAME, arguments=arguments))
-    await em.event(ev("response.output_item.done", output_index=index, item=function_item(ex)))
+    await em.event(ev("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments))
+    await em.event(ev("response.output_item.done", output_index=index, item=function_item(ex, call)))
 
 
 def plan(ex: Exchange) -> None:

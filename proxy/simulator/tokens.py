@@ -40,6 +40,52 @@ def tool_arg_pieces(n: int) -> list[str]:
     return ['{"text":"', *(text_piece(i) for i in range(n - 2)), '"}']
 
 
+def split_arguments(text: str, n: int) -> list[str]:
+    """`text` in n fragments (at least one) that join into it."""
+    n = max(1, min(n, len(text)))
+    size = -(-len(text) // n)
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def declared_tools(body: dict[str, Any]) -> set[str] | None:
+    """The names of the tools a request declares (Anthropic's and Responses' `name`, Chat's
+    `function.name`, Gemini's `functionDeclarations`, a built-in tool's `type`); None: it declares none."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    names = set()
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        for name in (tool.get("name"), function.get("name"), tool.get("type")):
+            if isinstance(name, str):
+                names.add(name)
+        for declaration in tool.get("functionDeclarations") or ():
+            if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
+                names.add(declaration["name"])
+    return names
+
+
+def carries_tool_result(body: dict[str, Any]) -> bool:
+    """Whether a request's history ends with a tool's result (Anthropic `tool_result` blocks in the
+    last user message, a Chat `role: tool` message, a Responses `*_output` item, a Gemini
+    `functionResponse`), read here on its own (the simulator uses none of the proxy's parsers)."""
+    for key in ("messages", "input", "contents"):
+        items = body.get(key)
+        if not isinstance(items, list):
+            continue
+        last = next((m for m in reversed(items) if isinstance(m, dict) and m.get("role") != "system"), None)
+        if last is None:
+            return False
+        if last.get("role") == "tool" or str(last.get("type", "")).endswith("_output"):
+            return True
+        parts = last.get("content") if key != "contents" else last.get("parts")
+        return isinstance(parts, list) and any(
+            isinstance(p, dict) and (p.get("type") == "tool_result" or "functionResponse" in p) for p in parts)
+    return False
+
+
 def _text_chars(node: Any) -> int:
     if isinstance(node, str):
         return len(node)

@@ -1,0 +1,280 @@
+"""Where an agent session's time went: the model, each tool, and the person (#29).
+
+One library function, `sessions(source, filters)`, that `llmtap sessions`, `llmtap session ID`, the
+HTML report and the web UI all call. Within a session (its `session_id`; where a tool sends none,
+the tool and key, said to be inferred), ordered in time, a timeline of spans:
+
+- **model**: a generation's wait for its first token (`wait`), then its generating (`generating`);
+  a response that is not streamed is all `wait`;
+- **tool**: a response that asked for tool calls, from its end to the arrival of the request that
+  carries their results (the calls one response asked for share one span, named `Bash+Read`); a
+  result that never comes is an open span (`end_s` None);
+- **you**: a response that asked for no tool, from its end to the next request, when nothing else
+  of the session ran in between (the person reading and typing).
+
+Requests that overlap (Claude Code's subagents, its side requests to a small model) are counted
+once in wall-clock terms: each instant of the session goes to one part, the model before tools
+before you (`Totals`), and what none covers is `other`. A gap longer than `gap_s` (30 minutes
+unless told) splits a session in two; the later part's key gets `/2`, `/3`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
+
+GAP_S = 30 * 60
+SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
+# Each instant goes to the first of these that covers it.
+PRIORITY = ("generating", "wait", "tool", "you")
+
+ROWS_SQL = """
+SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, session_id, tool, key_fingerprint,
+  request_model, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms, outcome
+FROM requests WHERE kind = 'generation' AND {where} ORDER BY started_at, id
+"""
+# Each call of those requests and when its result came (the `tool_runs` view, analysis/views.py).
+RUNS_SQL = """
+SELECT request_id, name, epoch(answered_at) AS answered FROM tool_runs
+WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where}) ORDER BY request_id, position
+"""
+TOOL_NAME_SQL = """
+SELECT name AS tool_name, count(run_ms) AS runs, count(*) - count(run_ms) AS open,
+  quantile_cont(run_ms, 0.5) / 1000 AS p50_s, quantile_cont(run_ms, 0.95) / 1000 AS p95_s,
+  quantile_cont(run_ms, 0.99) / 1000 AS p99_s, max(run_ms) / 1000 AS max_s, coalesce(sum(run_ms), 0) / 1000 AS total_s
+FROM tool_runs WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where})
+GROUP BY name ORDER BY total_s DESC, name
+"""
+Runs = dict[str, list[tuple[str | None, float | None]]]  # request id -> its calls' (name, when the result came)
+
+
+@dataclass(frozen=True)
+class Span:
+    kind: str  # "model", "tool" or "you"
+    part: str  # model: "wait" or "generating"; tool: the tools' names ("Bash+Read"); you: "you"
+    start_s: float  # epoch seconds (UTC)
+    end_s: float | None  # None: open, a tool result that never came
+    request_id: str  # the request it belongs to (model) or follows (tool, you)
+    model: str | None = None
+    calls: tuple[str, ...] = ()  # a tool span's calls, each tool's name (twice for two calls of one tool)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.start_s
+
+
+@dataclass
+class Totals:
+    """Wall-clock seconds, each instant counted once (module docstring)."""
+
+    wall_s: float = 0.0
+    wait_s: float = 0.0
+    generating_s: float = 0.0
+    tools_s: dict[str, float] = field(default_factory=dict)  # by span name, longest first
+    you_s: float = 0.0
+    other_s: float = 0.0
+
+    @property
+    def model_s(self) -> float:
+        return self.wait_s + self.generating_s
+
+    @property
+    def tool_s(self) -> float:
+        return sum(self.tools_s.values())
+
+
+@dataclass
+class Session:
+    key: str  # the session id (with /2, /3 for later parts), or `~` and the first request's id when inferred
+    session_id: str | None
+    inferred: bool  # no session id: grouped by tool and key
+    tool: str | None
+    start_s: float
+    end_s: float
+    requests: int
+    turns: int
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: float | None
+    models: list[str]
+    spans: list[Span]
+    totals: Totals
+    slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
+
+
+def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
+    """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
+    oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
+    have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
+    columns, _, data = query(ROWS_SQL.format(where=where, cost="cost_usd" if "cost_usd" in have else "NULL"))
+    rows = [dict(zip(columns, r)) for r in data]
+    runs: Runs = defaultdict(list)
+    if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
+        for request_id, name, answered in query(RUNS_SQL.format(where=where))[2]:
+            runs[request_id].append((name, answered))
+    found: list[Session] = []
+    parts: dict[str, int] = defaultdict(int)
+    for group in _groups(rows, gap_s):
+        session = timeline(group, runs)
+        parts[session.key] += 1
+        if parts[session.key] > 1:
+            session.key = f"{session.key}/{parts[session.key]}"
+        found.append(session)
+    flag_slow(found, rows)
+    return sorted(found, key=lambda s: s.start_s)
+
+
+def find(all_sessions: Iterable[Session], key: str) -> list[Session]:
+    """The sessions whose key starts with `key` (as `llmtap show` takes an id's prefix)."""
+    return [s for s in all_sessions if s.key == key] or [s for s in all_sessions if s.key.startswith(key)]
+
+
+def _groups(rows: list[dict[str, Any]], gap_s: float) -> list[list[dict[str, Any]]]:
+    """Rows by session (or tool and key), each split where it went quiet for longer than `gap_s`."""
+    by: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by[(row["session_id"],) if row["session_id"] else ("~", row["tool"], row["key_fingerprint"])].append(row)
+    groups = []
+    for members in by.values():
+        part: list[dict[str, Any]] = []
+        end = None
+        for row in members:  # in time order
+            if end is not None and row["t0"] - end > gap_s:
+                groups.append(part)
+                part = []
+            part.append(row)
+            end = max(end or row["t0"], _end(row))
+        groups.append(part)
+    return groups
+
+
+def _end(row: dict[str, Any]) -> float:
+    return row["t0"] + row["e2e_ms"] / 1000
+
+
+def timeline(rows: list[dict[str, Any]], runs: Runs) -> Session:
+    """One session's spans and totals, from its generations in time order and their tool calls' runs."""
+    spans = [*_model_spans(rows), *_tool_spans(rows, runs)]
+    spans += _you_spans(rows, spans, runs)
+    spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
+    first = rows[0]
+    start, end = first["t0"], max(_end(r) for r in rows)
+    return Session(
+        key=_key(first), session_id=first["session_id"], inferred=not first["session_id"], tool=first["tool"],
+        start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.kind == "you" for s in spans),
+        input_tokens=_sum(r["input_tokens"] for r in rows), output_tokens=_sum(r["output_tokens"] for r in rows),
+        cost_usd=_sum(r["cost_usd"] for r in rows), models=sorted({r["request_model"] for r in rows if r["request_model"]}),
+        spans=spans, totals=totals(spans, start, end))
+
+
+def _key(first: dict[str, Any]) -> str:
+    return first["session_id"] or "~" + first["id"][:12]
+
+
+def _sum(values: Iterable[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _model_spans(rows: list[dict[str, Any]]) -> Iterable[Span]:
+    for row in rows:
+        start, end, model = row["t0"], _end(row), row["request_model"]
+        first = start + row["ttft_ms"] / 1000 if row["ttft_ms"] is not None else end
+        yield Span("model", "wait", start, min(first, end), row["id"], model)
+        if first < end:
+            yield Span("model", "generating", first, end, row["id"], model)
+
+
+def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
+    """From each response that asked for tools to the first later request carrying their results (the
+    last of them: the calls of one response share a span); open while one has not come."""
+    for row in rows:
+        calls = runs.get(row["id"])
+        if not calls:
+            continue
+        answered = [t for _, t in calls]
+        names = tuple(name or "?" for name, _ in calls)
+        end = None if None in answered else max(answered)  # type: ignore[type-var]
+        yield Span("tool", "+".join(dict.fromkeys(names)), _end(row), end, row["id"], row["request_model"], names)
+
+
+def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
+    """The quiet stretches that follow a response that asked for no tool (and end at a request)."""
+    asked = {row["id"] for row in rows if runs.get(row["id"])}
+    busy = sorted((s.start_s, s.end_s, s) for s in spans if s.end_s is not None)
+    found = []
+    reach, last = None, None
+    for start, end, span in busy:
+        if reach is not None and start > reach and last is not None and last.kind == "model" \
+                and last.request_id not in asked:
+            found.append(Span("you", "you", reach, start, last.request_id))
+        if reach is None or end >= reach:
+            reach, last = end, span
+    return found
+
+
+def totals(spans: list[Span], start: float, end: float) -> Totals:
+    """Each instant from `start` to `end` to the first part of PRIORITY that covers it."""
+    edges = sorted({start, end, *(s.start_s for s in spans), *(s.end_s for s in spans if s.end_s is not None)})
+    closed = [s for s in spans if s.end_s is not None]
+    out = Totals(wall_s=end - start)
+    tools: dict[str, float] = defaultdict(float)
+    for a, b in zip(edges, edges[1:]):
+        if b <= start or a >= end:
+            continue
+        active = [s for s in closed if s.start_s <= a and s.end_s >= b]  # type: ignore[operator]
+        if not active:
+            out.other_s += b - a
+            continue
+        top = min(active, key=lambda s: (PRIORITY.index(s.part) if s.kind != "tool" else 2, s.start_s))
+        if top.part == "generating":
+            out.generating_s += b - a
+        elif top.part == "wait":
+            out.wait_s += b - a
+        elif top.kind == "tool":
+            tools[top.part] += b - a
+        else:
+            out.you_s += b - a
+    out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
+    """`llmtap report --by tool_name`: each tool's runs (a call's: from the response that asked for it to
+    the request that brought its result), their count, those never answered, percentiles and total."""
+    if "tool_calls" not in query("SELECT * FROM requests LIMIT 0")[0]:
+        return []
+    columns, _, data = query(TOOL_NAME_SQL.format(where=where))
+    return [dict(zip(columns, r)) for r in data]
+
+
+def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
+    """Flag a session whose median TPOT, or TTFT per input token, on a model is SLOW_FACTOR times the
+    median of the other sessions on that model in the same hours (anthropics/claude-code#91413)."""
+    of = {span.request_id: s for s in found for span in s.spans if span.kind == "model"}
+    stats: dict[tuple[str, int], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for row in rows:
+        s = of.get(row["id"])
+        if s is None or row["outcome"] != "ok" or not row["request_model"]:
+            continue
+        cell = stats[(row["request_model"], int(row["t0"] // 3600))][s.key]
+        if row["tpot_ms"] is not None:
+            cell["TPOT"].append(row["tpot_ms"])
+        if row["ttft_ms"] is not None and row["input_tokens"]:
+            cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+    by_key = {s.key: s for s in found}
+    for (model, _hour), per_session in stats.items():
+        for key, metrics in per_session.items():
+            for metric, values in metrics.items():
+                peers = [statistics.median(m[metric]) for k, m in per_session.items() if k != key and m.get(metric)]
+                if len(peers) < 2:
+                    continue
+                mine, typical = statistics.median(values), statistics.median(peers)
+                if typical > 0 and mine >= SLOW_FACTOR * typical and by_key[key].slow is None:
+                    by_key[key].slow = (f"{metric} {mine / typical:.1f}x the median of {len(peers)} other sessions"
+                                        f" on {model} that hour")

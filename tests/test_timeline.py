@@ -1,0 +1,262 @@
+"""Where a session's time went (#29): model, tool and you spans from the rows, through the real proxy.
+
+A client plays the agent against the simulated upstream: it asks, gets a tool call, "runs" the tool
+for a time it measures itself, sends the result, gets the final text, then "thinks" before its next
+prompt. The recorded spans must be the rows' own times, and the tool and you spans what the client
+measured (plus the short way from the client to the proxy and back, far under the tolerance)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import duckdb
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from analysis import timeline
+from analysis.source import FileSource
+from proxy.cli import main
+from proxy.server import RunningProxy
+from proxy.simulator.app import Simulator
+
+from .conftest import proxy_config
+
+SESSION = "5e551011-aaaa-4bbb-8ccc-000000000029"
+TOOL_S, YOU_S = 0.4, 0.3
+FAST = {"x-sim-ttft-ms": "40", "x-sim-itl-ms": "5", "x-sim-tokens": "6"}
+
+
+def claude_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "claude-x", "max_tokens": 64, "stream": True, "messages": messages}
+
+
+async def turn(s: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], tool: bool,
+               session: str | None = SESSION) -> tuple[list[dict[str, Any]], float]:
+    """One request; the tool_use blocks of its answer, and when its last byte was read (monotonic)."""
+    headers = {**FAST, "user-agent": "claude-cli/2.1.197 (external, cli)"}
+    if session:
+        headers["x-claude-code-session-id"] = session
+    if tool:
+        headers["x-sim-tool-call"] = "1"
+    async with s.post(url + "/v1/messages", json=claude_body(messages), headers=headers) as r:
+        assert r.status == 200
+        body = await r.read()
+    done = time.monotonic()
+    calls = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: "):
+            event = orjson.loads(line[6:])
+            if event.get("type") == "content_block_start" and event["content_block"]["type"] == "tool_use":
+                calls.append(event["content_block"])
+    return calls, done
+
+
+async def agent(url: str, session: str | None = SESSION) -> dict[str, float]:
+    """Prompt → tool call → the tool runs TOOL_S → result → text; you think YOU_S; prompt → text.
+    What the client itself measured: the tool's span and your span."""
+    async with aiohttp.ClientSession() as s:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "list the files " * 20}]
+        calls, answered = await turn(s, url, history, tool=True, session=session)
+        await asyncio.sleep(TOOL_S)  # the tool running on the user's machine
+        history += [{"role": "assistant", "content": calls},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c["id"], "content": "ok"}
+                                                 for c in calls]}]
+        sent = time.monotonic()
+        _, finished = await turn(s, url, history, tool=False, session=session)
+        tool_gap = sent - answered
+        await asyncio.sleep(YOU_S)  # the person reading and typing
+        history += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks, now the tests"}]
+        prompted = time.monotonic()
+        await turn(s, url, history, tool=False, session=session)
+        return {"tool": tool_gap, "you": prompted - finished}
+
+
+@pytest.fixture
+async def recorded(sim: Simulator, tmp_path: Path) -> tuple[Path, dict[str, float]]:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        measured = await agent(p.url)
+        assert p.flush(10)
+    return tmp_path / "llmtap.duckdb", measured
+
+
+def read_sessions(db: Path, **kwargs: Any) -> list[timeline.Session]:
+    source = FileSource(duckdb.connect(str(db), read_only=True))
+    try:
+        return timeline.sessions(source.query, **kwargs)
+    finally:
+        source.close()
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def test_spans_are_the_rows_own_times(recorded: tuple[Path, dict[str, float]]) -> None:
+    db, measured = recorded
+    [s] = read_sessions(db)
+    assert s.key == SESSION and not s.inferred and s.tool == "claude-code"
+    assert (s.requests, s.turns) == (3, 2)
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT id, epoch(started_at), ttft_ms, e2e_ms FROM requests ORDER BY started_at").fetchall()
+    con.close()
+    model = [sp for sp in s.spans if sp.kind == "model"]
+    assert [(sp.request_id, sp.part) for sp in model] == [(r[0], part) for r in rows for part in ("wait", "generating")]
+    for (rid, t0, ttft, e2e), (wait, gen) in zip(rows, zip(model[::2], model[1::2])):
+        assert wait.start_s == pytest.approx(t0, abs=1e-5) and wait.seconds == pytest.approx(ttft / 1000, abs=1e-5)
+        assert gen.end_s == pytest.approx(t0 + e2e / 1000, abs=1e-5)
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    [you] = [sp for sp in s.spans if sp.kind == "you"]
+    assert tool.part == "lookup" and tool.request_id == rows[0][0]
+    assert tool.start_s == pytest.approx(rows[0][1] + rows[0][3] / 1000, abs=1e-5)
+    assert tool.end_s == pytest.approx(rows[1][1], abs=1e-5)
+    assert you.request_id == rows[1][0] and you.end_s == pytest.approx(rows[2][1], abs=1e-5)
+    # what the client measured, give or take the way between it and the proxy
+    assert TOOL_S <= tool.seconds and abs(tool.seconds - measured["tool"]) < 0.05, (tool.seconds, measured)
+    assert YOU_S <= you.seconds and abs(you.seconds - measured["you"]) < 0.05, (you.seconds, measured)
+    t = s.totals
+    assert t.tools_s["lookup"] == pytest.approx(tool.seconds, abs=1e-5)
+    assert t.you_s == pytest.approx(you.seconds, abs=1e-5)
+    assert t.model_s + t.tool_s + t.you_s + t.other_s == pytest.approx(t.wall_s, abs=1e-5)
+    assert t.other_s == pytest.approx(0, abs=1e-5)
+
+
+async def test_the_commands_show_the_same_session(recorded: tuple[Path, dict[str, float]]) -> None:
+    db, _ = recorded
+    [s] = read_sessions(db)
+    [listed] = json.loads(cli("sessions", "--db", str(db), "--format", "json"))
+    shown = json.loads(cli("session", SESSION[:8], "--db", str(db), "--format", "json"))
+    assert listed["session"] == shown["session"] == SESSION
+    assert listed["totals"] == shown["totals"]
+    assert shown["totals"]["tools_s"]["lookup"] == pytest.approx(s.totals.tools_s["lookup"], abs=1e-3)
+    assert [(sp["kind"], sp["part"]) for sp in shown["spans"]] == [(sp.kind, sp.part) for sp in s.spans]
+    table = cli("sessions", "--db", str(db))
+    assert SESSION[:13] in table and "lookup" in table
+    gantt = cli("session", SESSION, "--db", str(db))
+    assert gantt.count("|") == 2 * len(s.spans) and "Longest tool runs: lookup" in gantt
+
+
+# -- parallel calls, overlaps, open spans, inferred sessions --------------------------------------
+
+def row(rid: str, t0: float, e2e: float, ttft: float | None = None, session: str | None = "s") -> dict[str, Any]:
+    """A generation's row as `timeline.ROWS_SQL` selects it."""
+    return {"id": rid, "t0": t0, "e2e_ms": e2e * 1000, "ttft_ms": None if ttft is None else ttft * 1000,
+            "session_id": session, "tool": "claude-code", "key_fingerprint": "k:1", "request_model": "m",
+            "input_tokens": 10, "output_tokens": 5, "cost_usd": None, "tpot_ms": 5.0, "outcome": "ok"}
+
+
+def test_parallel_calls_share_one_span_named_for_both() -> None:
+    s = timeline.timeline([row("a", 0, 1, 0.5), row("b", 3, 1, 0.5)], {"a": [("Bash", 2.5), ("Read", 3)]})
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    assert (tool.part, tool.start_s, tool.end_s) == ("Bash+Read", 1, 3)
+    assert s.totals.tools_s == {"Bash+Read": 2}
+
+
+def test_a_subagent_running_beside_counts_wall_time_once() -> None:
+    # the main agent's Task tool runs 1 → 9 while a subagent's two requests generate inside it
+    s = timeline.timeline([row("main", 0, 1, 0.5), row("sub1", 2, 2, 1), row("sub2", 5, 2, 1), row("main2", 9, 1, 0.5)],
+                          {"main": [("Task", 9)]})
+    t = s.totals
+    assert t.wall_s == 10
+    assert t.model_s == pytest.approx(1 + 2 + 2 + 1) and t.tools_s == {"Task": pytest.approx(8 - 4)}  # the rest
+    assert t.model_s + t.tool_s + t.you_s + t.other_s == pytest.approx(t.wall_s)
+
+
+def test_a_session_that_stops_mid_tool_shows_an_open_span() -> None:
+    s = timeline.timeline([row("a", 0, 1, 0.5), row("b", 4, 1, 0.5)], {"b": [("Bash", None)]})
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    assert tool.end_s is None and tool.start_s == 5
+    [you] = [sp for sp in s.spans if sp.kind == "you"]
+    assert (you.start_s, you.end_s) == (1, 4)
+    from analysis.session_report import render_session
+
+    assert "its result never came" in render_session(s, "table")
+
+
+def test_a_long_gap_splits_a_session_and_a_tool_without_ids_is_inferred(tmp_path: Path) -> None:
+    rows = [row("a", 0, 1, session=None), row("b", 10, 1, session=None), row("c", 4000, 1, session=None)]
+    groups = timeline._groups(rows, timeline.GAP_S)
+    assert [[r["id"] for r in g] for g in groups] == [["a", "b"], ["c"]]
+    s = timeline.timeline(groups[0], {})
+    assert s.inferred and s.key == "~a"
+
+
+async def test_sessions_flags_one_slow_among_concurrent_peers(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        async with aiohttp.ClientSession() as s:
+            async def one(session: str, itl: str) -> None:
+                for _ in range(2):
+                    headers = {**FAST, "x-sim-itl-ms": itl, "x-claude-code-session-id": session}
+                    async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
+                                      headers=headers) as r:
+                        await r.read()
+            await asyncio.gather(one("fast-1", "3"), one("fast-2", "3"), one("fast-3", "3"), one("slow-1", "30"))
+        assert p.flush(10)
+    found = {s.key: s for s in read_sessions(tmp_path / "llmtap.duckdb")}
+    assert found["slow-1"].slow is not None and "TPOT" in found["slow-1"].slow
+    assert all(found[k].slow is None for k in ("fast-1", "fast-2", "fast-3"))
+    assert "slow-1 is slow" in cli("sessions", "--db", str(tmp_path / "llmtap.duckdb"))
+
+
+async def test_report_by_tool_name_gives_each_tools_run_times(recorded: tuple[Path, dict[str, float]]) -> None:
+    db, measured = recorded
+    [s] = read_sessions(db)
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    [group] = json.loads(cli("report", "--db", str(db), "--by", "tool_name", "--format", "json"))["groups"]
+    assert group["tool_name"] == "lookup" and (group["runs"], group["open"]) == (1, 0)
+    assert group["p50_s"] == group["p95_s"] == group["max_s"] == pytest.approx(tool.seconds, abs=1e-3)
+    assert "lookup" in cli("report", "--db", str(db), "--by", "tool_name")
+
+
+async def test_report_by_tool_name_counts_each_call_and_those_never_answered(sim: Simulator, tmp_path: Path) -> None:
+    """A call answered, then a call whose result never comes: one run, one open."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p, aiohttp.ClientSession() as s:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        calls, _ = await turn(s, p.url, history, tool=True)
+        history += [{"role": "assistant", "content": calls},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0]["id"]}]}]
+        await turn(s, p.url, history, tool=True)  # asks again; its result never comes
+        assert p.flush(10)
+    db = str(tmp_path / "llmtap.duckdb")
+    [group] = json.loads(cli("report", "--db", db, "--by", "tool_name", "--format", "json"))["groups"]
+    assert (group["tool_name"], group["runs"], group["open"]) == ("lookup", 1, 1)
+    [session] = read_sessions(tmp_path / "llmtap.duckdb")
+    spans = [sp for sp in session.spans if sp.kind == "tool"]
+    assert [sp.end_s is None for sp in spans] == [False, True]
+    assert group["p50_s"] == pytest.approx(spans[0].seconds, abs=1e-3)
+
+
+async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
+    db, _ = recorded
+    [s] = read_sessions(db)
+    page = tmp_path / "report.html"
+    cli("report", "--db", str(db), "--html", str(page))
+    text = page.read_text()
+    panel = text[text.index('<section class="panel sessions">'):]
+    panel = panel[:panel.index("</section>")]
+    assert SESSION[:20] in panel and "lookup" in panel
+    assert panel.count('<div class="gantt">') == len(s.spans)
+
+
+async def test_errors_shows_a_slow_session_as_a_finding(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        async with aiohttp.ClientSession() as s:
+            async def one(session: str, itl: str) -> None:
+                headers = {**FAST, "x-sim-itl-ms": itl, "x-claude-code-session-id": session,
+                           "user-agent": "claude-cli/2.1.197 (external, cli)"}
+                async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
+                                  headers=headers) as r:
+                    await r.read()
+            await asyncio.gather(one("ok-1", "3"), one("ok-2", "3"), one("ok-3", "3"), one("crawl-1", "40"))
+        assert p.flush(10)
+    db = str(tmp_path / "llmtap.duckdb")
+    found = json.loads(cli("errors", "--db", db, "--format", "json"))["slow_sessions"]
+    assert [f["session"] for f in found] == ["crawl-1"] and found[0]["tool"] == "claude-code"
+    assert "slow session crawl-1 (claude-code): TPOT" in cli("errors", "--db", db)
