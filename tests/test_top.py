@@ -335,7 +335,8 @@ async def recorded(s: aiohttp.ClientSession, stack: dict[str, str], session: str
 async def test_once_prints_one_plain_frame(stack: dict[str, str]) -> None:
     async with aiohttp.ClientSession() as s:
         await request(s, stack["url"], "once-session", tokens=3, ttft_ms=10)
-        slow = asyncio.create_task(request(s, stack["url"], "once-session", tokens=100, ttft_ms=100))
+        # in flight however long top takes to start (10 s at a load average of 40); cancelled below
+        slow = asyncio.create_task(request(s, stack["url"], "once-session", tokens=100, ttft_ms=120_000))
         await recorded(s, stack, "once-session")
         proc = await asyncio.create_subprocess_exec(
             PY, "-m", "analysis.top", "--once", env={**os.environ, "LLMTAP_HOME": stack["home"],
