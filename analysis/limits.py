@@ -137,10 +137,20 @@ def headroom_before_429s(source: Source, filters: Filters) -> list[str]:
     return [line for line in lines if line is not None]
 
 
-def _clock(value: Any) -> str:
-    if isinstance(value, str):  # over the admin endpoint, an ISO string
-        value = datetime.fromisoformat(value)
-    return value.strftime("%H:%M:%S") if value is not None else "?"
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value  # an ISO string over admin
+
+
+def _clock(value: Any, since: Any = None) -> str:
+    """HH:MM:SS, with the days after `since`'s day when later (04:30:00+1d), else the date (12-09 04:30):
+    never wider than 11 columns, whatever the hour."""
+    value, since = _time(value), _time(since)
+    if value is None:
+        return "?"
+    days = (value.date() - since.date()).days if since is not None else 0
+    if days == 0:
+        return value.strftime("%H:%M:%S")
+    return value.strftime("%H:%M:%S") + f"+{days}d" if 0 < days < 10 else value.strftime("%m-%d %H:%M")
 
 
 def _explain(key: Any, host: Any, records: list[dict[str, Any]]) -> str | None:
@@ -175,7 +185,7 @@ def _explain(key: Any, host: Any, records: list[dict[str, Any]]) -> str | None:
         fell = "reached 100%" if "window" in name else "fell to 0"
         text = f"{who}; remaining {name} {fell} at {_clock(since)}" if "window" not in name else \
             f"{who}; the {name} {fell} at {_clock(since)}"
-        text += f"; reset {_clock(reset)}" if reset is not None else ""
+        text += f"; reset {_clock(reset, last_429['started_at'])}" if reset is not None else ""
     else:
         text = f"{who}; no limit was stated as spent before it"
     if last_429 is not None and last_429.get("retry_after_s") is not None:
@@ -211,10 +221,8 @@ def _pct(share: float | None) -> str:
 
 
 def _reset(text: str | None, last_seen: str | None) -> str:
-    """HH:MM:SS when on the day last seen, else the date and time."""
-    if text is None:
-        return "-"
-    return text[11:] if last_seen and text[:10] == last_seen[:10] else text[:16]
+    """HH:MM:SS, with +1d when on the day after the day last seen (see _clock)."""
+    return _clock(text, last_seen) if text is not None else "-"
 
 
 def to_table(report: LimitsReport) -> str:
@@ -225,7 +233,7 @@ def to_table(report: LimitsReport) -> str:
              _of(k.tokens_remaining, k.tokens_limit), _pct(k.utilization_5h), _pct(k.utilization_7d),
              _reset(k.reset, k.last_seen), str(k.rate_limited)] for k in report.keys]
     out.append(layout(["key", "upstream", "requests", "tokens", "5h", "7d", "reset", "429s"], rows,
-                      [False, False, True, True, True, True, True, True], limit=WIDTH, shrinkable=[1]))
+                      [False, False, True, True, True, True, False, True], limit=WIDTH, shrinkable=[1]))
     out.append("lowest headroom per hour (share left; a subscription's windows used)")
     rows = [[h.hour, truncate(h.key or NONE, 14), truncate(h.upstream or NONE, 17), _pct(h.requests_left_min),
              _pct(h.tokens_left_min), _pct(h.utilization_5h_max), _pct(h.utilization_7d_max), str(h.rate_limited)]

@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from .waiting import START_S
+
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -43,6 +45,14 @@ def find_chromium() -> str | None:
     return next((found for name in names if (found := shutil.which(name))), None)
 
 
+def _real_clock() -> dict[str, str]:
+    """The environment less libfaketime (.ci/run's run at 23:30 UTC): Chromium's timed waits hang
+    under it and the browser never opens its DevTools port; the pages' dates come from llmtap."""
+    preload = " ".join(p for p in os.environ.get("LD_PRELOAD", "").split() if "faketime" not in p)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKETIME") and k != "LD_PRELOAD"}
+    return env | ({"LD_PRELOAD": preload} if preload else {})
+
+
 class Chromium:
     """`async with Chromium(binary) as page:` a page ready for `open`, `evaluate`, `screenshot`."""
 
@@ -64,7 +74,7 @@ class Chromium:
             self.binary, *FLAGS, *self.flags, f"--user-data-dir={self._profile}",
             f"--window-size={self.width},{self.height}", "about:blank",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=_real_clock(),
         )  # fmt: skip
         self._session = aiohttp.ClientSession()
         try:
@@ -88,13 +98,13 @@ class Chromium:
     async def _port(self) -> int:
         """The port Chromium chose, from the file it writes once it listens."""
         port_file = Path(self._profile) / "DevToolsActivePort"
-        for _ in range(300):
+        for _ in range(int(START_S / 0.05)):
             if port_file.exists() and (text := port_file.read_text().split()):
                 return int(text[0])
             if self._process.returncode is not None:
                 raise RuntimeError(f"chromium exited with {self._process.returncode}")
             await asyncio.sleep(0.05)
-        raise TimeoutError("chromium did not open its DevTools port within 15 s")
+        raise TimeoutError(f"chromium did not open its DevTools port within {START_S:g} s")
 
     async def _connect(self, port: int) -> None:
         for _ in range(100):

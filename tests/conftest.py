@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+import os
 import ssl
+import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -15,8 +17,35 @@ from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
 
+# Under `faketime` with only the wall clock faked, time.sleep fails (tests/faketime_site/): patched
+# here and, through PYTHONPATH, in every Python process a test starts.
+if os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1" and "faketime" in os.environ.get("LD_PRELOAD", ""):
+    _SITE = str(Path(__file__).parent / "faketime_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, _SITE)
+    import sitecustomize  # noqa: F401, E402  (this folder's: the patch)
+
 # The tests' composition root, as proxy/cli.py is serve's: admin queries see analysis's named views.
 RunningProxy.default_query_setup = staticmethod(create_views)
+
+# `pytest -m unit`: the loop to run while changing the meter, its parsers, the recorder or the store
+# (docs/development.md); the modules whose tests need no serve process, no browser, no load.
+UNIT = {"test_sse", "test_dialects", "test_dialect_quick", "test_meter_events", "test_metering", "test_request_info",
+        "test_request_kind", "test_ratelimits", "test_clients", "test_recorder", "test_store", "test_migrations",
+        "test_prices", "test_layers"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m unit`, the other modules are not even imported (their SDKs and fixtures take seconds)."""
+    if config.getoption("markexpr", "") == "unit" and collection_path.suffix == ".py":
+        return collection_path.stem.startswith("test_") and collection_path.stem not in UNIT or None
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in UNIT:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(autouse=True)

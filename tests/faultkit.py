@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy import procfs, running
+from .waiting import START_S
 
 Handler = Callable[["RawConn"], Awaitable[None]]
 
@@ -244,7 +245,7 @@ class Serve:
         self.base = ""
         self.state: running.State | None = None
 
-    async def started(self, within_s: float = 20) -> "Serve":
+    async def started(self, within_s: float = START_S) -> "Serve":
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

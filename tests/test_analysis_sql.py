@@ -27,6 +27,8 @@ from proxy import paths
 from proxy.cli import main
 from proxy.schema import REQUEST_COLUMN_NAMES, create_tables_sql
 
+from .waiting import START_S
+
 
 @pytest.fixture(scope="module")
 def fixture_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -270,7 +272,7 @@ def serving(db: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     proc = subprocess.Popen([sys.executable, "-c", SERVE_DOUBLE, str(db), str(state_dir), token],
                             env={**os.environ})
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + START_S
         while not list(state_dir.glob("*.json")):
             assert proc.poll() is None, "the serve stand-in exited"
             assert time.monotonic() < deadline, "the serve stand-in did not start"

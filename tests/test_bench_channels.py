@@ -41,7 +41,10 @@ async def test_base_urls_are_sent_interleaved_and_compared(tmp_path: Path) -> No
     assert ttft.verdict.startswith("/router is slower") and ttft.ci_low_ms - 3 <= 150 <= ttft.ci_high_ms + 3
     text = RENDERERS["table"](run, "openai", "sim-gpt")
     short = re.search(r"In short: /router is \+([\d.]+) ms", text)
-    assert "/direct = " in text and short and 140 <= float(short[1]) <= 160 and "before response headers" in text
+    # the figure printed is the run's (whose interval holds the true 150 ms, above); a run on a loaded
+    # machine may measure 135 ms with its interval saying so, so the figure itself has no fixed range
+    assert "/direct = " in text and short and abs(float(short[1]) - ttft.median_diff_ms) < 1
+    assert "before response headers" in text
     data = json.loads(RENDERERS["json"](run, "openai", "sim-gpt"))
     assert [c["route"] for c in data["channels"]] == ["/direct", "/router"]
     assert data["comparison"]["differences"][0]["metric"] == "ttft" and data["verdicts"]

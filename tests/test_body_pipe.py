@@ -17,6 +17,7 @@ from proxy import body_pipe
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
+from .waiting import wait_until, wait_until_still
 from .faultkit import SSE, RawConn, RawUpstream, body_of, chunk, dechunk, http_head, raw_exchange, sends_events, status_of
 
 CHAT = "/v1/chat/completions"
@@ -100,10 +101,8 @@ async def test_a_slow_client_pauses_a_chunked_stream_and_gets_every_byte(tmp_pat
 
     async with RawUpstream(sends_events([piece] * count)) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
         sock, received = await slow_reader(p.port)
-        await asyncio.sleep(1.0)
-        stalled = up.bytes_sent
-        await asyncio.sleep(1.0)
-        assert up.bytes_sent == stalled, "the upstream kept writing to a proxy whose client does not read"
+        # the upstream stops writing to a proxy whose client does not read (else it never holds still)
+        stalled = await wait_until_still(lambda: up.bytes_sent, still_s=1.0, what="the upstream's bytes sent")
         assert stalled < 16 << 20, f"{stalled >> 20} MiB left the upstream for a client that reads nothing"
         await read_to_the_end(sock, received)
         row = rows(p)[0]
@@ -158,10 +157,7 @@ async def test_no_pipe_outlives_its_relay(tmp_path: Path) -> None:
                         await r.read()
                     except aiohttp.ClientPayloadError:
                         pass
-            for _ in range(100):
-                if p.state.requests_seen:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_until(lambda: p.state.requests_seen, what="the request's row")
             outcomes.append(rows(p)[0]["outcome"])
         assert not body_pipe.PIPES
     assert outcomes == ["upstream_timeout", "stream_truncated", "client_disconnected"]
@@ -207,7 +203,8 @@ async def test_a_client_paused_past_the_idle_timeout_is_no_upstream_timeout(tmp_
 
     async with RawUpstream(sends_events([piece] * count + [DONE])) as up, RunningProxy(proxy_config(up.url, tmp_path, idle_timeout_s=0.3)) as p:
         sock, received = await slow_reader(p.port)
-        await asyncio.sleep(1.2)  # four idle periods, reading nothing
+        # four idle periods in which the upstream, held back for the client, sends nothing
+        await wait_until_still(lambda: up.bytes_sent, still_s=1.2, what="the upstream's bytes sent")
         await read_to_the_end(sock, received)
         row = rows(p)[0]
     assert dechunk(body_of(bytes(received))) == piece * count + DONE

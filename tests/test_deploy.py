@@ -7,7 +7,6 @@ exact label value it names must be there.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ from proxy.metrics import PrometheusMetrics  # noqa: E402
 from proxy.server import RunningProxy  # noqa: E402
 
 from .test_metrics import MESSAGES, MIX, send_mix  # noqa: E402
+from .waiting import wait_until  # noqa: E402
 
 # a priced model on an API key and on a Claude login: the cost counter and the limit gauges have samples
 PRICED_AND_LIMITED = [
@@ -137,8 +137,8 @@ async def test_every_dashboard_query_names_what_the_scrape_has(proxy: RunningPro
     metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
     proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy, [*MIX, *PRICED_AND_LIMITED])
-    while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured
-        await asyncio.sleep(0.01)
+    # the lag gauge appears once the loop has been measured
+    await wait_until(lambda: proxy.state.loop_lag.samples, what="a loop lag sample")
     scrape = [s for f in text_string_to_metric_families(metrics.render()[0].decode()) for s in f.samples]
     names = {s.name for s in scrape}
     labels = {k for s in scrape for k in s.labels} | ADDED_BY_PROMETHEUS

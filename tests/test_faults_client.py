@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import resource
 import socket
-import time
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +19,7 @@ from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
 from .conftest import proxy_config, rows
+from .waiting import wait_until, wait_until_still
 from .faultkit import (SSE, Baseline, RawConn, RawUpstream, chunk, http_head, open_fds, peak_rss_mb, raw_exchange, reset_peak,
                        status_of)
 
@@ -30,13 +30,6 @@ EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
 def post_head(path: str, length: int, extra: str = "") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n{extra}\r\n").encode()
-
-
-async def wait_for(predicate, within_s: float = 3.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def streaming_upstream(conn: RawConn) -> None:
@@ -58,9 +51,9 @@ async def test_client_leaves_while_sending_the_body(tmp_path: Path) -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
             writer.write(post_head(CHAT, 1_000_000) + b'{"model": "m", "messages": [' + b" " * 10_000)
             await writer.drain()
-            await asyncio.sleep(0.1)
+            await wait_until(lambda: p.state.recorder.inflight, what="the request in flight")
             writer.transport.abort()
-        await wait_for(lambda: p.state.requests_seen == 3)
+        await wait_until(lambda: p.state.requests_seen == 3)
         await base.settled()
         found = rows(p)
     assert up.accepted == 0, "a partial body must not be forwarded"
@@ -78,10 +71,10 @@ async def test_client_leaves_before_the_response_headers(tmp_path: Path) -> None
         body = b'{"model": "m", "stream": true}'
         reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
         writer.write(post_head(CHAT, len(body)) + body)
-        await wait_for(lambda: len(up.requests) == 1)
+        await wait_until(lambda: len(up.requests) == 1)
         writer.transport.abort()
         await up.idle(within_s=1.0)  # the upstream request is cancelled at once
-        await wait_for(lambda: p.state.requests_seen == 1)
+        await wait_until(lambda: p.state.requests_seen == 1)
         await base.settled()
         row = rows(p)[0]
     assert row["outcome"] == "client_disconnected" and row["status"] is None
@@ -96,7 +89,7 @@ async def test_client_leaves_mid_stream(tmp_path: Path) -> None:
                 assert await r.content.readuntil(b"\n\n") == EVENT.rstrip(b"\n") + b"\n\n"
                 r.close()
         await up.idle(within_s=1.0)
-        await wait_for(lambda: p.state.requests_seen == 3)
+        await wait_until(lambda: p.state.requests_seen == 3)
         await base.settled()
         found = rows(p)
     assert up.accepted == 3
@@ -127,10 +120,8 @@ async def test_a_client_that_stops_reading_pauses_the_upstream(tmp_path: Path) -
         await loop.sock_sendall(sock, b"GET /v1/files/f/content HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         head = await loop.sock_recv(sock, 4096)
         assert status_of(head) == 200
-        await asyncio.sleep(1.0)  # the client reads nothing more
-        stalled = up.bytes_sent
-        await asyncio.sleep(1.0)
-        assert up.bytes_sent == stalled, "the upstream kept writing to a proxy whose client does not read"
+        # the client reads nothing more: the upstream stops writing (else it never holds still)
+        stalled = await wait_until_still(lambda: up.bytes_sent, still_s=1.0, what="the upstream's bytes sent")
         assert stalled < 32 << 20, f"{stalled >> 20} MiB left the upstream for a client that reads nothing"
         grew = peak_rss_mb() - before
         assert grew < 30, f"peak RSS grew {grew:.0f} MB while the client did not read"

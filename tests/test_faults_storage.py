@@ -25,6 +25,7 @@ from proxy.simulator.config import SimConfig
 from proxy.store import Store
 
 from .conftest import proxy_config
+from .waiting import wait_until, wait_until_sync
 from .faultkit import Baseline, Serve, rss_mb
 
 
@@ -77,13 +78,6 @@ async def chat(s: aiohttp.ClientSession, base: str, n: int) -> list[int]:
     return await asyncio.gather(*(one() for _ in range(n)))
 
 
-async def wait_for(predicate, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "not reached in time"
-        await asyncio.sleep(0.05)
-
-
 # -- read-only, full ------------------------------------------------------------------------------
 
 
@@ -119,7 +113,7 @@ async def test_a_full_disk_costs_no_request_and_rows_land_when_space_returns(sim
                     con.execute("CHECKPOINT")
                 con.close()
                 assert await chat(s, p.url, 50) == [200] * 50  # traffic flows while nothing can be written
-                await wait_for(lambda: p.store.stats()["write_errors"] >= 2, 5)
+                await wait_until(lambda: p.store.stats()["write_errors"] >= 2, 5, "two write errors")
                 stats = p.store.stats()
                 assert stats["pending_requests"] == 50 and stats["requests_written"] == 20
                 async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
@@ -147,9 +141,7 @@ def test_rows_over_the_queue_bound_are_dropped_counted_and_reported(tmp_path: Pa
                 store.put({"id": str(i), "status": 200})
             assert store.stats()["requests_dropped"] == 30
             assert len([r for r in reports if "new rows are dropped" in r]) == 1
-            deadline = time.monotonic() + 5
-            while store.stats()["write_errors"] < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_sync(lambda: store.stats()["write_errors"] >= 2, 5, "two write errors")
             filler.unlink()
             assert store.flush(15)
             assert store.query("SELECT count(*) FROM requests")[2] == [(20,)]

@@ -11,6 +11,7 @@ import json
 import aiohttp
 from click.testing import CliRunner
 
+from analysis.limits import KeyLimits, LimitsReport, to_table
 from proxy.cli import main
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
@@ -57,6 +58,21 @@ async def test_report_limits_per_key_and_hour(tmp_path: Path) -> None:
     by_kind = {k["credential_kind"]: k for k in data["keys"]}
     assert by_kind["api_key"]["rate_limited"] >= 2 and by_kind["claude_login"]["utilization_5h"] == 1.0
     assert by_kind["claude_login"]["utilization_7d"] < 1.0
+
+
+def test_a_reset_on_the_next_day_keeps_the_column_s_width() -> None:
+    """At 23:30 UTC a 5-hour window resets at 04:30 the next day: the table stays within 80 columns, the
+    times aligned, and the day is said (+1d), not a date that widens the line."""
+    def key(name: str, reset: str) -> KeyLimits:
+        return KeyLimits(name, "api.anthropic.com", "api_key", "2026-12-01 23:30", 0, 3, 6_000_000, 6_000_000,
+                         reset, 1.0, 0.25, "rejected", 2)
+
+    keys = [key("k:0e78ecadc6f7", "2026-12-02 04:30:00"), key("k:e5f1955c2137", "2026-12-01 23:31:01"),
+            key("k:fbcb38448d34", "2026-12-20 04:30:00")]
+    lines = to_table(LimitsReport("2026-12-01 23:30", "2026-12-01 23:30", keys)).splitlines()
+    assert max(map(len, lines)) <= 80, "\n".join(lines)
+    column = lines[2].index("reset")
+    assert [line[column:column + 11] for line in lines[4:7]] == ["04:30:00+1d", "23:31:01   ", "12-20 04:30"]
 
 
 async def test_errors_links_a_429_to_the_headroom_before_it(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from proxy.simulator.app import Simulator
 from proxy.sse import SSEParser
 
 from .conftest import proxy_config
+from .waiting import wait_until
 
 LIVE = "/_llmtap/live"
 
@@ -91,19 +92,13 @@ async def test_feed_exists_only_while_viewers_are_connected(proxy: RunningProxy)
         [feed] = feeds(proxy)  # one feed, one ticker, for both viewers
         assert len(feed.viewers) == 2 and feed.task is not None and not feed.task.done()
         a.close()
-        for _ in range(100):
-            if len(feed.viewers) == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert len(feed.viewers) == 1 and feeds(proxy) == [feed]
+        await wait_until(lambda: len(feed.viewers) == 1, what="the first viewer gone")
+        assert feeds(proxy) == [feed]
         b.close()
-        for _ in range(100):
-            if not feed.viewers:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: not feed.viewers, what="the second viewer gone")
     assert feeds(proxy) == [] and feed.task is None
-    await asyncio.sleep(0.05)
-    assert not [t for t in asyncio.all_tasks() if "LiveFeed._run" in repr(t.get_coro())]
+    await wait_until(lambda: not [t for t in asyncio.all_tasks() if "LiveFeed._run" in repr(t.get_coro())],
+                     what="the feed's ticker ended")
     # rows that finish with nobody watching are not collected anywhere
     async with aiohttp.ClientSession() as s:
         await claude_stream(s, proxy.url, "unwatched", tokens=3, itl_ms=1, ttft_ms=1)
@@ -137,9 +132,8 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
                                    + f"X-Llmtap-Admin-Token: {p.admin_token}\r\n\r\n".encode())
             try:
                 assert (await loop.sock_recv(sock, 12)) == b"HTTP/1.1 200"  # then it reads no more
-                async with asyncio.timeout(15):
-                    while not feed.viewers or next(iter(feed.viewers)).dropped < 3 * VIEWER_QUEUE:
-                        await asyncio.sleep(0.05)
+                await wait_until(lambda: feed.viewers and next(iter(feed.viewers)).dropped >= 3 * VIEWER_QUEUE, 15,
+                                 "the stuck viewer dropping frames")
                 viewer = next(iter(feed.viewers))
                 assert len(viewer.queue) <= VIEWER_QUEUE
                 async with asyncio.timeout(2):  # the proxy still answers while the viewer is stuck
@@ -149,9 +143,7 @@ async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator,
                 for task in load:
                     task.cancel()
                 await asyncio.gather(*load, return_exceptions=True)
-        async with asyncio.timeout(5):
-            while feed.viewers:
-                await asyncio.sleep(0.05)
+        await wait_until(lambda: not feed.viewers, 5, "the stuck viewer gone")
 
 
 async def test_admin_token_guards_the_feed(sim: Simulator, tmp_path: Path) -> None:

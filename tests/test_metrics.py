@@ -19,6 +19,7 @@ from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows
+from .waiting import wait_until
 
 PROMPT = "x" * 400  # 100 input tokens by the simulator's count
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": PROMPT}]}
@@ -72,8 +73,8 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
     proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy)
     assert proxy.flush(10)
-    while not proxy.state.loop_lag.samples:  # the lag gauge appears once the loop has been measured
-        await asyncio.sleep(0.01)
+    # the lag gauge appears once the loop has been measured
+    await wait_until(lambda: proxy.state.loop_lag.samples, what="a loop lag sample")
     body, content_type = metrics.render()
     assert content_type.startswith("text/plain; version=0.0.4")
     found = samples(body.decode())

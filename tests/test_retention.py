@@ -23,6 +23,7 @@ from proxy.simulator.app import Simulator
 from proxy.store import Store
 
 from .conftest import proxy_config, rows
+from .waiting import wait_until
 from .faultkit import Serve
 
 UTC = dt.timezone.utc
@@ -35,15 +36,6 @@ def old_request(p: Store, rid: str, days: float, *, chunks: int = 3, body: bool 
         p.put_body((rid, "request body " * 20, "response body " * 20, False, False))
     p.put({"id": rid, "started_at": NOW - dt.timedelta(days=days), "kind": "generation", "status": 200},
           [(rid, i, float(i), 40, "content_block_delta") for i in range(chunks)])
-
-
-async def wait_for(predicate, within_s: float = 30.0) -> None:
-    """Poll (bounded) until `predicate()` holds."""
-    for _ in range(int(within_s / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("not reached")
 
 
 async def test_serve_retention_deletes_old_rows_in_batches(sim: Simulator, tmp_path: Path,
@@ -64,7 +56,7 @@ async def test_serve_retention_deletes_old_rows_in_batches(sim: Simulator, tmp_p
                 assert r.status == 200
                 await r.read()
         await p.aflush()
-        await wait_for(lambda: p.store.stats()["requests_pruned"] == 5 and p.store.stats()["bodies_pruned"] == 6)
+        await wait_until(lambda: p.store.stats()["requests_pruned"] == 5 and p.store.stats()["bodies_pruned"] == 6, 30)
         kept = {r["id"]: r for r in rows(p, "SELECT id FROM requests")}
         assert {"mid", "new"} <= set(kept) and len(kept) == 3 and not any(k.startswith("old") for k in kept)
         assert rows(p, "SELECT DISTINCT request_id FROM chunks WHERE request_id LIKE 'old%'") == []

@@ -16,6 +16,8 @@ import duckdb
 from proxy import paths, running
 from proxy.simulator.app import Simulator
 
+from .waiting import START_S, wait_until
+
 KEY = "sk-live-DO-NOT-STORE-4f9a8b7c6d5e"
 
 
@@ -23,7 +25,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream, "--db", str(db), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         if (state := running.state_of(proc.pid)) is not None:
             return proc, running.AdminClient(state.url, state.admin_token)
@@ -31,7 +33,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
             raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
         await asyncio.sleep(0.05)
     proc.kill()
-    raise AssertionError("serve did not start in 15 s")
+    raise AssertionError(f"serve did not start in {START_S:g} s")
 
 
 async def stream_once(s: aiohttp.ClientSession, base: str) -> None:
@@ -86,7 +88,7 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
     from .conftest import proxy_config
 
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: p.state.loop_lag.samples, what="a loop lag sample")
         async with aiohttp.ClientSession() as s:
             async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
                 health = await r.json()

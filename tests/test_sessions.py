@@ -20,6 +20,7 @@ from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config
+from .waiting import wait_until
 
 CLAUDE, CODEX, METADATA = "11111111-aaaa-4bbb-8ccc-000000000001", "codex-session-2", "22222222-dddd-4eee-8fff-000000000003"
 SIM = {"x-sim-ttft-ms": "60", "x-sim-itl-ms": "5", "x-sim-tokens": "12", "x-sim-cache-read-tokens": "800"}
@@ -57,7 +58,7 @@ async def agents(base: str) -> None:
 
         async def sdk_app() -> None:
             await claude(s, base, metadata=METADATA)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # a pause inside the session, not a wait: its wall time spans it
             await claude(s, base, metadata=METADATA)
 
         await asyncio.gather(claude_code(), sdk_app(), codex(s, base), codex(s, base), claude(s, base))
@@ -74,13 +75,10 @@ async def recorded(sim: Simulator, tmp_path: Path) -> tuple[Path, TopModel]:
                     model.apply(tick)
 
             watcher = asyncio.create_task(watch())
-            async with asyncio.timeout(5):
-                while not any(isinstance(x, LiveFeed) for x in p.state.recorder.observers):  # subscribed
-                    await asyncio.sleep(0.01)
+            await wait_until(lambda: any(isinstance(x, LiveFeed) for x in p.state.recorder.observers), 5,
+                             "the live feed subscribed")
             await agents(p.url)
-            async with asyncio.timeout(5):
-                while model.finished_total < 8:
-                    await asyncio.sleep(0.05)
+            await wait_until(lambda: model.finished_total >= 8, 5, "the 8 requests on the live feed")
             watcher.cancel()
     return tmp_path / "llmtap.duckdb", model
 

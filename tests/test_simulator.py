@@ -23,6 +23,8 @@ from proxy.simulator.cli import mock_upstream
 from proxy.simulator.config import SimConfig
 from proxy.simulator.tokens import expected_reasoning, expected_text
 
+from .waiting import wait_until
+
 FAST = SimConfig(ttft_ms=5, itl_ms=1, tokens=5, prefill_us_per_token=0)
 PROMPT = "x" * 40  # 10 input tokens (characters / 4)
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": PROMPT}]}
@@ -311,8 +313,7 @@ async def test_capacity_slows_tokens_when_exceeded() -> None:
         start, alone = await timed_events(url, *url_body)
         solo_ms = (alone[-1] - start) * 1000
         pair = asyncio.gather(timed_events(url, *url_body), timed_events(url, *url_body))
-        await asyncio.sleep(0.03)
-        assert sim.active_streams == 2
+        await wait_until(lambda: sim.active_streams == 2, what="both streams active")
         (start, first), _ = await pair
         assert sim.active_streams == 0
     pair_ms = (first[-1] - start) * 1000

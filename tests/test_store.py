@@ -18,6 +18,8 @@ import pytest
 from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
 from proxy.store import DatabaseLocked, Store, StoreError, open_readonly
 
+from .waiting import wait_until_sync
+
 UTC = dt.timezone.utc
 
 
@@ -89,10 +91,7 @@ def test_rows_and_chunks_read_back_exactly(store: Store, db: Path):
 
 def test_a_row_is_written_within_the_flush_interval_without_flush(store: Store):
     store.put({"id": "soon"})
-    deadline = time.monotonic() + 1.5
-    while rows(store, "SELECT count(*) FROM requests") != [(1,)]:
-        assert time.monotonic() < deadline, "not written within 1.5 s"
-        time.sleep(0.05)
+    wait_until_sync(lambda: rows(store, "SELECT count(*) FROM requests") == [(1,)], 1.5, "the row written unflushed")
 
 
 def test_close_writes_everything_pending(db: Path):
@@ -365,10 +364,11 @@ def test_query_setup_runs_on_the_query_cursor(store: Store):
 
 
 def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: Path):
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
     result: dict[str, Any] = {}
 
     def hold(x: int) -> int:  # a query that runs until the test lets it end
+        running.set()
         gate.wait(10)
         return x
 
@@ -384,7 +384,7 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
     reader = threading.Thread(target=long_query, daemon=True)
     reader.start()
     try:
-        time.sleep(0.2)
+        assert running.wait(10), "the long query did not start"
         for i in range(2000):
             store.put({"id": str(i)}, [(str(i), 0, 1.0, 1, None)])
             if i % 500 == 0:

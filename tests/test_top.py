@@ -24,6 +24,8 @@ from analysis.top.model import TopModel, quantile
 from analysis.top.render import frame
 from analysis.top.terminal import ALT_SCREEN_OFF, ALT_SCREEN_ON, SHOW_CURSOR, paint
 
+from .waiting import START_S
+
 NOW = 1_800_000_000.0
 
 
@@ -179,12 +181,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     procs = [upstream]
     try:
-        url = _first_line(upstream, 15).rsplit(" ", 1)[1]
+        url = _first_line(upstream, START_S).rsplit(" ", 1)[1]
         serve = subprocess.Popen([PY, "-m", "proxy", "serve", "--port", "0", "--upstream", url, "--quiet",
                                   "--db", str(root / "top.duckdb")], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env)
         procs.append(serve)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + START_S
         while (state := running.state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert state is not None, "serve did not start"
@@ -333,7 +335,8 @@ async def recorded(s: aiohttp.ClientSession, stack: dict[str, str], session: str
 async def test_once_prints_one_plain_frame(stack: dict[str, str]) -> None:
     async with aiohttp.ClientSession() as s:
         await request(s, stack["url"], "once-session", tokens=3, ttft_ms=10)
-        slow = asyncio.create_task(request(s, stack["url"], "once-session", tokens=100, ttft_ms=100))
+        # in flight however long top takes to start (10 s at a load average of 40); cancelled below
+        slow = asyncio.create_task(request(s, stack["url"], "once-session", tokens=100, ttft_ms=120_000))
         await recorded(s, stack, "once-session")
         proc = await asyncio.create_subprocess_exec(
             PY, "-m", "analysis.top", "--once", env={**os.environ, "LLMTAP_HOME": stack["home"],

@@ -23,6 +23,8 @@ from proxy import paths, running
 from proxy.simulator.app import Simulator
 from proxy.workers import VIA_HEADER
 
+from .waiting import START_S
+
 CHAT = {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -30,7 +32,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", upstream, "--db", str(db), "--quiet",
          "--workers", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         if (state := running.state_of(proc.pid)) is not None:
             return proc, state
@@ -38,7 +40,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
             raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
         await asyncio.sleep(0.05)
     proc.kill()
-    raise AssertionError("serve --workers 2 did not start in 30 s")
+    raise AssertionError(f"serve --workers 2 did not start in {START_S:g} s")
 
 
 def stop(proc: subprocess.Popen) -> tuple[str, str]:
