@@ -362,7 +362,7 @@ def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str
     token / generating), the tools (the three that took longest) and you,
     each instant counted once; output tokens and cost. ! marks a slow
     session: TPOT or TTFT per input token 3x its peers' on the same model
-    that hour. `llmtap session ID` shows one as a timeline.
+    within the hour. `llmtap session ID` shows one as a timeline.
     """
     from .session_report import render_sessions
 

@@ -30,6 +30,7 @@ Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
+PEER_WINDOW_S = 3600.0  # its peers: the sessions on the same model within this of it
 # Each instant goes to the first of these that covers it.
 PRIORITY = ("generating", "wait", "tool", "you")
 
@@ -206,10 +207,11 @@ def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
 def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
     """The quiet stretches that follow a response that asked for no tool (and end at a request)."""
     asked = {row["id"] for row in rows if runs.get(row["id"])}
-    busy = sorted((s.start_s, s.end_s, s) for s in spans if s.end_s is not None)
+    busy = sorted((s for s in spans if s.end_s is not None), key=lambda s: (s.start_s, s.end_s))
     found = []
     reach, last = None, None
-    for start, end, span in busy:
+    for span in busy:
+        start, end = span.start_s, span.end_s
         if reach is not None and start > reach and last is not None and last.kind == "model" \
                 and last.request_id not in asked:
             found.append(Span("you", "you", reach, start, last.request_id))
@@ -255,26 +257,29 @@ def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
 
 def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
     """Flag a session whose median TPOT, or TTFT per input token, on a model is SLOW_FACTOR times the
-    median of the other sessions on that model in the same hours (anthropics/claude-code#91413)."""
+    median of at least two other sessions on that model within PEER_WINDOW_S of it (the medians of
+    their requests' times; anthropics/claude-code#91413)."""
     of = {span.request_id: s for s in found for span in s.spans if span.kind == "model"}
-    stats: dict[tuple[str, int], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         s = of.get(row["id"])
         if s is None or row["outcome"] != "ok" or not row["request_model"]:
             continue
-        cell = stats[(row["request_model"], int(row["t0"] // 3600))][s.key]
+        cell = cells[(s.key, row["request_model"])]
+        cell["t0"].append(row["t0"])
         if row["tpot_ms"] is not None:
             cell["TPOT"].append(row["tpot_ms"])
         if row["ttft_ms"] is not None and row["input_tokens"]:
             cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+    at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
     by_key = {s.key: s for s in found}
-    for (model, _hour), per_session in stats.items():
-        for key, metrics in per_session.items():
-            for metric, values in metrics.items():
-                peers = [statistics.median(m[metric]) for k, m in per_session.items() if k != key and m.get(metric)]
-                if len(peers) < 2:
-                    continue
-                mine, typical = statistics.median(values), statistics.median(peers)
-                if typical > 0 and mine >= SLOW_FACTOR * typical and by_key[key].slow is None:
-                    by_key[key].slow = (f"{metric} {mine / typical:.1f}x the median of {len(peers)} other sessions"
-                                        f" on {model} that hour")
+    for (key, model), cell in cells.items():
+        for metric in ("TPOT", "TTFT per input token"):
+            peers = [statistics.median(c[metric]) for (k, m), c in cells.items()
+                     if m == model and k != key and c[metric] and abs(at[(k, m)] - at[(key, model)]) <= PEER_WINDOW_S]
+            if not cell[metric] or len(peers) < 2:
+                continue
+            mine, typical = statistics.median(cell[metric]), statistics.median(peers)
+            if typical > 0 and mine >= SLOW_FACTOR * typical and by_key[key].slow is None:
+                by_key[key].slow = (f"{metric} {mine / typical:.1f}x the median of {len(peers)} other sessions"
+                                    f" on {model} within the hour")

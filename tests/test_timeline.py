@@ -188,21 +188,41 @@ def test_a_long_gap_splits_a_session_and_a_tool_without_ids_is_inferred(tmp_path
     assert s.inferred and s.key == "~a"
 
 
-async def test_sessions_flags_one_slow_among_concurrent_peers(sim: Simulator, tmp_path: Path) -> None:
+async def slow_among_peers(sim: Simulator, tmp_path: Path) -> str:
+    """Three sessions on one model at the upstream's 2 ms a token, one at 300 ms (however busy the machine,
+    not within 3x); the database."""
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         async with aiohttp.ClientSession() as s:
             async def one(session: str, itl: str) -> None:
-                for _ in range(2):
-                    headers = {**FAST, "x-sim-itl-ms": itl, "x-claude-code-session-id": session}
-                    async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
-                                      headers=headers) as r:
-                        await r.read()
-            await asyncio.gather(one("fast-1", "3"), one("fast-2", "3"), one("fast-3", "3"), one("slow-1", "30"))
+                headers = {**FAST, "x-sim-itl-ms": itl, "x-sim-tokens": "4", "x-claude-code-session-id": session,
+                           "user-agent": "claude-cli/2.1.197 (external, cli)"}
+                async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
+                                  headers=headers) as r:
+                    await r.read()
+            await asyncio.gather(one("ok-1", "2"), one("ok-2", "2"), one("ok-3", "2"), one("crawl-1", "300"))
         assert p.flush(10)
-    found = {s.key: s for s in read_sessions(tmp_path / "llmtap.duckdb")}
-    assert found["slow-1"].slow is not None and "TPOT" in found["slow-1"].slow
-    assert all(found[k].slow is None for k in ("fast-1", "fast-2", "fast-3"))
-    assert "slow-1 is slow" in cli("sessions", "--db", str(tmp_path / "llmtap.duckdb"))
+    return str(tmp_path / "llmtap.duckdb")
+
+
+async def test_sessions_flags_one_slow_among_concurrent_peers(sim: Simulator, tmp_path: Path) -> None:
+    db = await slow_among_peers(sim, tmp_path)
+    found = {s.key: s for s in read_sessions(Path(db))}
+    assert found["crawl-1"].slow is not None and "TPOT" in found["crawl-1"].slow
+    assert all(found[k].slow is None for k in ("ok-1", "ok-2", "ok-3"))
+    assert "crawl-1 is slow" in cli("sessions", "--db", db)
+
+
+def test_peers_are_the_sessions_on_the_model_within_the_hour() -> None:
+    rows = [row(f"{k}{i}", t0, 1, 0.1, session=k) | {"tpot_ms": tpot}
+            for k, t0, tpot in (("a", 0, 5), ("b", 10, 5), ("c", 20, 6), ("slow", 30, 40), ("far", 9000, 5))
+            for i in range(2)]
+    found = [timeline.timeline([r for r in rows if r["session_id"] == k], {}) for k in ("a", "b", "c", "slow", "far")]
+    timeline.flag_slow(found, rows)
+    assert [s.key for s in found if s.slow] == ["slow"] and "TPOT 8.0x the median of 3" in found[3].slow
+    rows = [r for r in rows if r["session_id"] in ("a", "slow", "far")]  # one peer within the hour: no verdict
+    found = [timeline.timeline([r for r in rows if r["session_id"] == k], {}) for k in ("a", "slow", "far")]
+    timeline.flag_slow(found, rows)
+    assert not any(s.slow for s in found)
 
 
 async def test_report_by_tool_name_gives_each_tools_run_times(recorded: tuple[Path, dict[str, float]]) -> None:
@@ -246,17 +266,7 @@ async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, 
 
 
 async def test_errors_shows_a_slow_session_as_a_finding(sim: Simulator, tmp_path: Path) -> None:
-    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        async with aiohttp.ClientSession() as s:
-            async def one(session: str, itl: str) -> None:
-                headers = {**FAST, "x-sim-itl-ms": itl, "x-claude-code-session-id": session,
-                           "user-agent": "claude-cli/2.1.197 (external, cli)"}
-                async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
-                                  headers=headers) as r:
-                    await r.read()
-            await asyncio.gather(one("ok-1", "3"), one("ok-2", "3"), one("ok-3", "3"), one("crawl-1", "40"))
-        assert p.flush(10)
-    db = str(tmp_path / "llmtap.duckdb")
+    db = await slow_among_peers(sim, tmp_path)
     found = json.loads(cli("errors", "--db", db, "--format", "json"))["slow_sessions"]
     assert [f["session"] for f in found] == ["crawl-1"] and found[0]["tool"] == "claude-code"
     assert "slow session crawl-1 (claude-code): TPOT" in cli("errors", "--db", db)
