@@ -71,8 +71,8 @@ def filter_options(f: F) -> F:
 
     options = [
         click.option("--since", metavar="WHEN", help=(
-            "Only requests from WHEN: a span before now (30m, 24h, 7d) or an ISO date-time"
-            " (UTC unless given).")),
+            "Only requests from WHEN: a span before now (30m, 24h, 7d), today or yesterday"
+            " (from 00:00 UTC), or an ISO date-time (UTC unless given).")),
         click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
         click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
         click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -315,9 +316,42 @@ def test_relative_windows_count_back_from_now(db: Path) -> None:
 
 
 def test_a_bad_window_is_a_usage_error(db: Path) -> None:
-    result = CliRunner().invoke(main, ["report", "--db", str(db), "--since", "yesterday"])
+    result = CliRunner().invoke(main, ["report", "--db", str(db), "--since", "last tuesday"])
     assert result.exit_code == 2
-    assert "'yesterday' is neither a span like 30m, 24h, 7d nor an ISO date-time" in result.output
+    assert "'last tuesday' is neither a span like 30m, 24h, 7d, today, yesterday nor an ISO date-time" in (
+        " ".join(result.output.split()))
+
+
+@pytest.fixture()
+def moved_db(db: Path, tmp_path: Path) -> Path:
+    """The fixture with its last day (2026-11-30) moved to yesterday (UTC) and the 29th kept a day before."""
+    path = tmp_path / "moved.duckdb"
+    path.write_bytes(db.read_bytes())
+    yesterday = datetime.now(timezone.utc).date() - timedelta(days=1)
+    days = (yesterday - datetime(2026, 11, 30).date()).days
+    con = duckdb.connect(str(path))
+    try:
+        con.execute(f"UPDATE requests SET started_at = started_at + INTERVAL {days} DAY")
+    finally:
+        con.close()
+    return path
+
+
+def test_since_today_and_yesterday_are_utc_days(moved_db: Path) -> None:
+    yesterday = (datetime.now(timezone.utc).date() - timedelta(days=1)).isoformat()
+    day_before = (datetime.now(timezone.utc).date() - timedelta(days=2)).isoformat()
+    assert heading(moved_db, "--since", "yesterday") == (
+        f"9 requests from {yesterday} 09:00 to {yesterday} 17:41 UTC, by model")
+    assert heading(moved_db, "--since", "yesterday", "--until", "today") == (
+        f"9 requests from {yesterday} 09:00 to {yesterday} 17:41 UTC, by model")
+    assert heading(moved_db, "--until", "yesterday").split(" to ")[1].startswith(day_before)
+    assert run(moved_db, "--since", "TODAY") == "no generations match\n"
+    for command in ("errors", "export", "sessions"):
+        args = [command, "--db", str(moved_db), "--since", "today"]
+        if command == "export":
+            args += ["--out", str(moved_db.parent / "out")]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, (command, result.output)
 
 
 def test_filters_combine_and_quote_their_values(db: Path) -> None:
@@ -340,6 +374,8 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
     ("2026-11-30", datetime(2026, 11, 30, tzinfo=timezone.utc)),
     ("2026-11-30T14:00", datetime(2026, 11, 30, 14, tzinfo=timezone.utc)),
     ("2026-11-30 14:00+02:00", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),
+    ("today", datetime(2026, 12, 1, tzinfo=timezone.utc)),
+    (" Yesterday", datetime(2026, 11, 30, tzinfo=timezone.utc)),
 ])
 def test_parse_time(text: str, expected: datetime) -> None:
     assert parse_time(text, NOW) == expected
