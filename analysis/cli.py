@@ -300,15 +300,18 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
 @db_option
 @from_option
 @output_options("table", "json", "csv")
-def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+@click.option("--fail", "fail", is_flag=True, help="Exit 1 when any request failed (for scripts and cron).")
+def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, fail: bool) -> None:
     """Failures grouped, with likely causes and fixes.
 
-    Groups by outcome, HTTP status and error type; also lists successful
+    Groups by outcome, HTTP status, error type and tool; also lists successful
     streams whose chunks had empty `choices`.
     """
     with opened(db_path, sources) as source:
-        text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
-    click.echo(text, nl=False)
+        report_ = error_report.build_error_report(source, filters)
+    click.echo(error_report.RENDERERS[fmt](report_), nl=False)
+    if fail and report_.failed:
+        sys.exit(1)
 
 
 @click.command()
