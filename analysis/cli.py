@@ -185,8 +185,22 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
     if _SHOW_TABLES.fullmatch(text):  # the `requests` view shadows the table: name it once
         text = "SELECT DISTINCT name FROM (SHOW TABLES) ORDER BY name"
     with opened(db_path, sources) as source:
-        columns, _, rows = source.query(text)
+        try:
+            columns, _, rows = source.query(text)
+        except SourceError as exc:
+            raise click.ClickException(_with_file_hint(str(exc))) from None
     click.echo(render(columns, rows, fmt), nl=False)
+
+
+_LOCKED_OUT = "file system operations are disabled"
+FILE_HINT = ("hint: llmtap's SQL reads its inputs and no other file (docs/security.md). Name them with --from:"
+             " `llmtap sql --from 'exports/*' \"SELECT ...\"` reads `llmtap export` directories (their Parquet)"
+             " and other llmtap databases as the `requests` view; for any other file, use duckdb itself.")
+
+
+def _with_file_hint(message: str) -> str:
+    """A query's error; when it tried to read a file (read_parquet, read_csv, 'x.json'), where to go instead."""
+    return f"{message}\n{FILE_HINT}" if _LOCKED_OUT in message else message
 
 
 @click.command()
