@@ -38,6 +38,10 @@ class ShowError(Exception):
     """No request, or several, match the id; the message is for the user."""
 
 
+class NoMatch(ShowError):
+    """No request id starts with the prefix."""
+
+
 @dataclass
 class Shown:
     row: dict[str, Any]
@@ -55,7 +59,7 @@ def find(source: Source, prefix: str) -> Shown:
         f" ORDER BY started_at, id LIMIT {MAX_MATCHES + 1}"
     )
     if not rows:
-        raise ShowError(f"no request id starts with {prefix}")
+        raise NoMatch(f"no request id starts with {prefix}")
     if len(rows) > 1:
         ids = short_ids([r[columns.index("id")] for r in rows[:MAX_MATCHES]], len(prefix) + 1)
         more = "more than " if len(rows) > MAX_MATCHES else ""
