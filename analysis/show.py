@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from .filters import sql_string
@@ -108,13 +109,21 @@ def event_bars(chunks: list[dict[str, Any]], scale: float, width: int = CHART_WI
     return "".join(BARS[0] if n == 0 else BARS[max(1, round(n * (len(BARS) - 1) / top))] for n in counts)
 
 
+def _value(value: Any) -> str:
+    """A column's value as text; a timestamp in the one format `show` uses: 2026-12-01 09:43:49.046 UTC."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    return cell(value)
+
+
 def _summary(row: dict[str, Any]) -> list[str]:
     model = row.get("request_model") or "-"
     answered = row.get("response_model")
     if answered and answered != model:
         model += f" -> {answered}"
-    started = row.get("started_at")
-    when = started.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC" if hasattr(started, "strftime") else cell(started)
+    when = _value(row.get("started_at"))
     stream = "stream" if row.get("stream") else "no stream"
     return [
         f"request {row['id']}",
@@ -134,7 +143,7 @@ def to_text(shown: Shown) -> str:
         if row.get(column):
             lines.append(f"  {column} {row[column]}")
     lines += ["", "timing (ms from arrival at the proxy)", *timing_chart(row, shown.chunks), "", "columns"]
-    known = [(name, cell(value)) for name, value in row.items() if value is not None]
+    known = [(name, _value(value)) for name, value in row.items() if value is not None]
     width = max(len(name) for name, _ in known)
     lines += [f"  {name:<{width}}  {value}" for name, value in known]
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -412,3 +413,18 @@ def test_report_json_parses(db: Path) -> None:
     data = json.loads(run(db, "--format", "json"))
     assert [g["model"] for g in data["groups"]][:3] == ["claude-sonnet-4-5", "gpt-5", "qwen3-coder-30b"]
     assert len(data["slowest"]) == 5
+
+
+def test_show_prints_every_timestamp_in_one_format(db: Path, tmp_path: Path) -> None:
+    path = tmp_path / "resets.duckdb"
+    path.write_bytes(db.read_bytes())
+    con = duckdb.connect(str(path))
+    try:  # a rate-limit reset, a second timestamp column, in another zone's offset
+        con.execute("UPDATE requests SET ratelimit_requests_reset = TIMESTAMPTZ '2026-11-29 12:31:00.25+02:00'"
+                    " WHERE starts_with(id, '7044c8eb')")
+    finally:
+        con.close()
+    result = CliRunner().invoke(main, ["show", "--db", str(path), "7044c8eb"])
+    assert result.exit_code == 0, result.output
+    stamps = re.findall(r"\d{4}-\d\d-\d\d[ T][^ ]+(?: UTC)?", result.output)
+    assert stamps == ["2026-11-29 10:30:00.000 UTC", "2026-11-29 10:30:00.000 UTC", "2026-11-29 10:31:00.250 UTC"]
