@@ -3,6 +3,7 @@
 Each request's TTFT is the sum of consecutive parts (docs/breakdown-and-compare.md):
 
     ttft_ms = proxy_overhead_ms + pool_wait_ms            llmtap's own part, and the pool's
+            + proxy_wait_ms                               llmtap's own time inside the upstream's part
             + dns_ms + connect_ms + tls_ms                a new connection (0 on a reused one)
             + upstream_wait_ms                            request sent -> response headers
             + headers_to_first_token_ms                   headers -> first output event
@@ -16,20 +17,18 @@ medians); the JSON has the means too, which do add up. Requests: successful stre
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .filters import Filters
-from .formatting import dumps, layout, truncate
+from .formatting import csv_text, dumps, layout, truncate
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
 
 # (column in the JSON, SQL expression of one request's part, table header, bar glyph)
 PARTS: tuple[tuple[str, str, str, str], ...] = (
-    ("llmtap_ms", "proxy_overhead_ms + pool_wait_ms", "llmtap", "·"),
+    ("llmtap_ms", "proxy_overhead_ms + pool_wait_ms + coalesce(proxy_wait_ms, 0)", "llmtap", "·"),
     ("dns_ms", "dns_ms", "dns", "░"),
     ("connect_ms", "connect_ms", "connect", "▒"),
     ("tls_ms", "coalesce(tls_ms, 0)", "tls", "▓"),
@@ -37,7 +36,7 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("headers_to_first_token_ms", "headers_to_first_token_ms", "→token", "="),
 )
 PART_NAMES = tuple(name for name, _, _, _ in PARTS)
-LEGEND = ("· llmtap (proxy + pool)  ░ dns  ▒ connect  ▓ tls  █ wait: request sent → response headers\n"
+LEGEND = ("· llmtap (proxy + pool + its waits)  ░ dns  ▒ connect  ▓ tls  █ wait: request sent → response headers\n"
           "= response headers → first token")
 NEEDED = ("upstream_wait_ms", "headers_to_first_token_ms", "connection_reused", "pool_wait_ms")
 WIDTH = 80
@@ -164,16 +163,11 @@ def to_json(b: Breakdown) -> str:
 
 
 def to_csv(b: Breakdown) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     columns = [b.by, "requests", "new_connection_pct", *(f"{n}_p50" for n in PART_NAMES), "ttft_p50_ms",
                "decode_p50_ms"]
-    writer.writerow(columns)
-    for g in b.groups:
-        writer.writerow([g[b.by], g["requests"], _rounded(g["new_connection_pct"]),
-                         *(_rounded(g[n]) for n in PART_NAMES), _rounded(g["ttft_p50_ms"]),
-                         _rounded(g["decode_p50_ms"])])
-    return out.getvalue()
+    return csv_text(columns, ([g[b.by], g["requests"], _rounded(g["new_connection_pct"]),
+                               *(_rounded(g[n]) for n in PART_NAMES), _rounded(g["ttft_p50_ms"]),
+                               _rounded(g["decode_p50_ms"])] for g in b.groups))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

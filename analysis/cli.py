@@ -27,6 +27,7 @@ import click
 from proxy import paths
 from proxy.cli_options import db_option as shared_db_option
 from proxy.schema import KINDS
+from proxy.terminal_text import echo
 
 from . import error_report, report as report_mod
 from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
@@ -100,7 +101,7 @@ def _update_prices(update: bool) -> None:
     prices.enable_updates()
     try:
         if not prices.wait_updated(30):
-            click.echo("llmtap: genai-prices did not update in 30 s; using the data in the package", err=True)
+            echo("llmtap: genai-prices did not update in 30 s; using the data in the package", err=True)
     except Exception as exc:  # the package raises its fetch's error
         raise click.ClickException(f"cannot update prices: {type(exc).__name__}: {exc}") from None
 
@@ -149,7 +150,7 @@ def default_or_demo(db_path: Path) -> Path:
     demo = paths.data_dir() / DEMO_DB
     if not demo.exists():
         return db_path
-    click.echo(f"llmtap: no {db_path} yet (`llmtap serve` records there): reading the demo's {demo}", err=True)
+    echo(f"llmtap: no {db_path} yet (`llmtap serve` records there): reading the demo's {demo}", err=True)
     return demo
 
 
@@ -190,7 +191,7 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
             columns, _, rows = source.query(text)
         except SourceError as exc:
             raise click.ClickException(_with_file_hint(str(exc))) from None
-    click.echo(render(columns, rows, fmt), nl=False)
+    echo(render(columns, rows, fmt), nl=False)
 
 
 _LOCKED_OUT = "file system operations are disabled"
@@ -269,14 +270,16 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
+            from proxy.private_file import write_private
+
             from .html_report import render_html
 
             title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            html_path.write_text(render_html(source.query, where=filters.where(), title=title,
-                                             by=(by, report_mod.GROUPINGS[by])))
-    click.echo(text, nl=False)
+            write_private(html_path, render_html(source.query, where=filters.where(), title=title,
+                                                 by=(by, report_mod.GROUPINGS[by])))
+    echo(text, nl=False)
     if html_path is not None:
-        click.echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
+        echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
 
 
 @click.command()
@@ -305,7 +308,7 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
         except WindowError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
     info = price_report.describe(model, host, when)
-    click.echo(price_report.RENDERERS[fmt](info), nl=False)
+    echo(price_report.RENDERERS[fmt](info), nl=False)
     if not info["matched"]:
         sys.exit(1)
 
@@ -324,7 +327,7 @@ def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, 
     """
     with opened(db_path, sources) as source:
         report_ = error_report.build_error_report(source, filters)
-    click.echo(error_report.RENDERERS[fmt](report_), nl=False)
+    echo(error_report.RENDERERS[fmt](report_), nl=False)
     if fail and report_.failed:
         sys.exit(1)
 
@@ -348,7 +351,7 @@ def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> 
             raise click.ClickException(str(exc) + _in_the_demo(request_id, db_path, sources)) from None
         except show_mod.ShowError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(show_mod.RENDERERS[fmt](shown), nl=False)
+    echo(show_mod.RENDERERS[fmt](shown), nl=False)
 
 
 def _in_the_demo(request_id: str, db_path: Path, sources: tuple[str, ...]) -> str:
@@ -407,7 +410,7 @@ def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str
 
     with opened(db_path, sources) as source:
         found = _sessions(source, filters, gap_min)
-    click.echo(render_sessions(found, fmt), nl=False)
+    echo(render_sessions(found, fmt), nl=False)
 
 
 @click.command()
@@ -436,7 +439,7 @@ def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, 
     if len(found) > 1:
         keys = ", ".join(s.key for s in found[:5])
         raise click.ClickException(f"{session_id} starts {len(found)} sessions ({keys}): give more of it")
-    click.echo(render_session(found[0], fmt), nl=False)
+    echo(render_session(found[0], fmt), nl=False)
 
 
 @click.command()
@@ -462,7 +465,7 @@ def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: P
             written = export_tables(source, out_dir, fmt, filters, overwrite)
         except ExportError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(summary(written, fmt), nl=False)
+    echo(summary(written, fmt), nl=False)
 
 
 @click.command()
@@ -494,9 +497,9 @@ def demo(db_path: Path | None, port: int) -> None:
     sent = run(lambda: run_demo(db_path, port=port))
     with opened(db_path) as source:
         built = report_mod.build_report(source, "model", Filters(kinds=("generation",)))
-        click.echo(report_mod.to_table(built))
-        click.echo(error_report.to_table(error_report.build_error_report(source, Filters())), nl=False)
-    click.echo(try_next(sent, db_path, built), nl=False)
+        echo(report_mod.to_table(built))
+        echo(error_report.to_table(error_report.build_error_report(source, Filters())), nl=False)
+    echo(try_next(sent, db_path, built), nl=False)
 
 
 def try_next(sent: int, db_path: Path, built: report_mod.Report) -> str:

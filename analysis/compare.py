@@ -10,20 +10,22 @@ Method (docs/breakdown-and-compare.md says it in full):
 - Requests: successful ones (`outcome = 'ok'`) of the selected kinds (generations by default);
   TTFT over streams. A side holds at most `MAX_ROWS` requests (beyond, a sample by the hash of
   the request id: the same rows every run).
-- Prompt size is controlled for by comparing **within input-token buckets**: powers of two of
-  `input_tokens` (1-1023 tokens apart, 1024-2047, ...; requests without a count in a bucket of
-  their own). The difference is the average over the buckets both sides have (at least
-  `MIN_PER_BUCKET` requests each) of the bucket's difference of medians, weighted by the bucket's
-  requests on both sides. Requests in a bucket only one side has are left out (the output says how
-  many were used). With every request in one bucket (`llmtap bench --routes` sends the same
-  lengths), it is the plain difference of the two medians.
+- Prompt length is controlled for by comparing **at a shared input length**: per side and metric,
+  a Theil–Sen line of the metric on `input_tokens` (the median of the slopes between pairs of
+  requests: one slow request moves it little); each request's value is moved along its side's
+  line to the input length compared at, and the difference is that of the two sides' medians of
+  the moved values. The length compared at is the median input of the requests inside the range
+  both sides cover (each side's middle `INPUT_RANGE` of its prompts); sides whose ranges do not
+  meet are not compared, and the answer says so. With every request of one length
+  (`llmtap bench --routes`), it is the plain difference of the two medians.
 - The interval is a percentile bootstrap: `RESAMPLES` times, each side's requests are resampled
-  with replacement within each bucket (numpy's Generator, seeded, so the same data gives the same
-  interval) and the difference recomputed; the interval is the 2.5th to 97.5th percentile of
-  those differences. It assumes requests are independent draws, within a bucket, from each side's
-  distribution (bursts, retries and one session's requests are not quite), and enough requests
-  per bucket for a median to mean something (the percentile bootstrap of a median is rough
-  below some 20 per side).
+  with replacement, its line refitted and its median at the same length recomputed (numpy's
+  Generator, seeded, so the same data gives the same interval); the interval is the 2.5th to
+  97.5th percentile of those differences. It assumes requests are independent draws from each
+  side's distribution, that a side's metric grows about linearly with input length across its
+  prompts, and that its spread about that line does not change much with the length.
+  `benchmarks/compare_calibration.py` measures how often it claims a difference where there is
+  none and how often its interval holds the truth.
 - An interval that includes 0 says the data cannot tell the sides apart; the requests needed to
   tell a given difference from none are estimated from the interval's half-width h, which shrinks
   as 1/√n: n × (h / d)², for d the larger of the difference seen and 5 % of the baseline median.
@@ -45,7 +47,9 @@ MAX_ROWS = 20_000
 RESAMPLES = 2_000
 SEED = 20  # issue #20
 LEVEL = 0.95
-MIN_PER_BUCKET = 3
+MIN_REQUESTS = 10  # per side and metric, else it cannot compare
+INPUT_RANGE = 0.90  # a side's input range: the middle 90 % of its prompts (one odd prompt does not widen it)
+PAIRS = 2_000  # the Theil–Sen slope's pairs: every pair up to this many, else this many at random
 DETECTABLE_SHARE = 0.05  # of the baseline median: the difference "needed" is sized for at least this
 # The smallest difference called one: 2 % of the baseline median, and at least a floor per metric
 # (below these, differences are scheduling jitter of a busy machine rather than the channel's).
@@ -97,12 +101,16 @@ class Difference:
     median_diff_ms: float | None
     ci_low_ms: float | None
     ci_high_ms: float | None
-    n: int  # the side's requests in the comparison (in buckets both sides have)
+    n: int  # the side's requests in the comparison
     n_baseline: int
-    buckets: int
     verdict: str
+    call: str = "cannot compare"  # "slower", "faster", "cannot tell" or "cannot compare"
+    at_input_tokens: float | None = None  # the input length compared at (None: not adjusted)
+    shared_inputs: tuple[float, float] | None = None
+    slopes_ms_per_1k: tuple[float, float] | None = None  # (baseline, side), ms per 1,000 input tokens
     more_requests: int | None = None  # per side, to tell `detectable_ms` from none; None: not needed
     detectable_ms: float | None = None
+    note: str | None = None  # a caveat (not adjusted for input length, and why)
 
 
 @dataclass
@@ -122,15 +130,11 @@ class CompareError(ValueError):
 
 @dataclass
 class _Rows:
-    """One side's requests: each metric's values, each with its input-token bucket."""
+    """One side's requests: each metric's values, each with its request's input tokens."""
 
     requests: int
-    values: dict[str, tuple[np.ndarray, np.ndarray]]  # metric or part -> (values, buckets)
+    values: dict[str, Sample]  # metric or part -> its values
     sampled: bool = False
-
-
-def _bucket_sql() -> str:
-    return "CASE WHEN input_tokens IS NULL OR input_tokens < 1 THEN -1 ELSE floor(log2(input_tokens))::INTEGER END"
 
 
 def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
@@ -141,14 +145,14 @@ def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
     total = int(counted[0][0])
     sample = f" ORDER BY hash(id) LIMIT {MAX_ROWS}" if total > MAX_ROWS else ""
     columns, _, rows = query(
-        f"SELECT {_bucket_sql()} AS bucket, stream, ttft_ms, tpot_ms, e2e_ms{headers}{part_terms}\n"
+        f"SELECT input_tokens, stream, ttft_ms, tpot_ms, e2e_ms{headers}{part_terms}\n"
         f"FROM requests WHERE {condition}{sample}")
     if not rows:
-        return _Rows(total, {name: (np.empty(0), np.empty(0, dtype=np.int64)) for name in METRICS})
+        return _Rows(total, {name: Sample.empty() for name in METRICS})
     data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
-    bucket = np.asarray(data["bucket"], dtype=np.int64)
+    inputs = np.asarray([np.nan if x is None or x < 0 else float(x) for x in data["input_tokens"]])
     stream = np.asarray([bool(s) for s in data["stream"]])
-    values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    values: dict[str, Sample] = {}
     names = [(m, col, m == "ttft") for m, (col, _, _) in METRICS.items()]
     if parts:
         names += [("upstream_headers", "upstream_headers_ms", True)]
@@ -156,7 +160,7 @@ def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
     for name, column, streams_only in names:
         v = np.asarray([np.nan if x is None else float(x) for x in data[column]])
         keep = ~np.isnan(v) & (stream if streams_only else True)
-        values[name] = (v[keep], bucket[keep])
+        values[name] = Sample(v[keep], inputs[keep])
     return _Rows(total, values, sampled=bool(sample))
 
 
@@ -167,48 +171,158 @@ def _has_breakdown(query: Query) -> bool:
 
 # -- statistics -------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Sample:
+    """One side's values of one metric, each with its request's input tokens (NaN: not counted)."""
+
+    values: np.ndarray
+    inputs: np.ndarray
+
+    @staticmethod
+    def empty() -> Sample:
+        return Sample(np.empty(0), np.empty(0))
+
+
+@dataclass
+class Estimate:
+    """The difference (side − baseline) at a shared input length, or why there is none."""
+
+    diff_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    n: int = 0  # the side's requests used
+    n_baseline: int = 0
+    at_input_tokens: float | None = None  # None: not adjusted for input length
+    shared_inputs: tuple[float, float] | None = None  # the range both sides' prompts cover
+    slopes_ms_per_1k: tuple[float, float] | None = None  # (baseline, side): ms per 1,000 input tokens
+    refusal: str | None = None  # why the sides cannot be compared (then no figures)
+    note: str | None = None  # a caveat of the figures (not adjusted for input length, and why)
+
+
 def _quantile(values: np.ndarray, q: float) -> float | None:
     """Linear interpolation between ranks: numpy's default, DuckDB's quantile_cont, proxy.stats."""
     return float(np.quantile(values, q)) if len(values) else None
 
 
-def _strata(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-            ) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """(baseline values, side values, weight) of each bucket both have enough requests in."""
-    out = []
-    for bucket in np.intersect1d(np.unique(a[1]), np.unique(b[1])):
-        va, vb = a[0][a[1] == bucket], b[0][b[1] == bucket]
-        if len(va) >= MIN_PER_BUCKET and len(vb) >= MIN_PER_BUCKET:
-            out.append((va, vb, len(va) + len(vb)))
-    return out
+def _pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (p, q) of the pairs a slope is the median over: every pair of the n requests up to
+    PAIRS of them, else PAIRS pairs at random (the same positions in every resample)."""
+    if n * (n - 1) // 2 <= PAIRS:
+        p, q = np.triu_indices(n, 1)
+        return p, q
+    p = rng.integers(0, n, size=PAIRS)
+    return p, (p + rng.integers(1, n, size=PAIRS)) % n  # never p itself
 
 
-def _estimate(strata: list[tuple[np.ndarray, np.ndarray, int]]) -> float:
-    total = sum(w for _, _, w in strata)
-    return sum(w * (float(np.median(vb)) - float(np.median(va))) for va, vb, w in strata) / total
+def _slopes(x: np.ndarray, y: np.ndarray, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Theil–Sen per row (rows: resamples): the median of the slopes between each pair's two
+    requests. A pair of equal input lengths has no slope: every other one of them counts as +inf,
+    the rest as −inf, which leaves the median about the other pairs'. No pair with a slope: 0."""
+    p, q = pairs
+    dx = x[:, q] - x[:, p]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slopes = (y[:, q] - y[:, p]) / dx
+        slopes = np.where(dx == 0, _FLAT[p.size], slopes)
+        out = np.median(slopes, axis=1)  # the middle two +inf and −inf: NaN, no slope
+    return np.where(np.isfinite(out), out, 0.0)
 
 
-def _resampled_medians(values: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """The median of each of `resamples` resamples (with replacement) of `values`."""
-    n = len(values)
-    step = max(1, ELEMENTS_PER_STEP // n)
+class _Flat(dict):
+    """m -> +inf, −inf, +inf, ... (m values), made once per size."""
+
+    def __missing__(self, m: int) -> np.ndarray:
+        self[m] = np.where(np.arange(m) % 2 == 0, np.inf, -np.inf)
+        return self[m]
+
+
+_FLAT = _Flat()
+
+
+def _levels(x: np.ndarray, y: np.ndarray, at: float | None, pairs: tuple[np.ndarray, np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the median of y moved along the row's Theil–Sen line to input length `at`
+    (y − slope × (x − at)), and the slope; `at` None: the plain median, slope 0."""
+    if at is None:
+        return np.median(y, axis=1), np.zeros(len(y))
+    slope = _slopes(x, y, pairs)
+    return np.median(y - slope[:, None] * (x - at), axis=1), slope
+
+
+def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """The level (`_levels`) of each of `resamples` resamples (with replacement) of the requests."""
+    n = len(s.values)
+    pairs = _pairs(n, rng)
+    step = max(1, ELEMENTS_PER_STEP // max(n, len(pairs[0])))
     out = np.empty(resamples)
     for start in range(0, resamples, step):
         stop = min(resamples, start + step)
-        out[start:stop] = np.median(values[rng.integers(0, n, size=(stop - start, n))], axis=1)
+        rows = rng.integers(0, n, size=(stop - start, n))
+        out[start:stop] = _levels(s.inputs[rows], s.values[rows], at, pairs)[0]
     return out
 
 
-def _interval(strata: list[tuple[np.ndarray, np.ndarray, int]], rng: np.random.Generator,
-              resamples: int = RESAMPLES) -> tuple[float, float]:
-    total = sum(w for _, _, w in strata)
-    diffs = np.zeros(resamples)
-    for va, vb, w in strata:
-        diffs += w * (_resampled_medians(vb, rng, resamples) - _resampled_medians(va, rng, resamples))
-    diffs /= total
+def _tokens(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def _shared_inputs(base: Sample, side: Sample, labels: tuple[str, str]
+                   ) -> tuple[tuple[float, float], float] | str:
+    """The input-token range both sides cover (each side's middle INPUT_RANGE of its prompts) and
+    the point compared at (the median input of the requests inside it, else its middle), or why
+    there is none."""
+    tail = (1 - INPUT_RANGE) / 2
+    ranges = [(float(np.quantile(s.inputs, tail)), float(np.quantile(s.inputs, 1 - tail))) for s in (base, side)]
+    low, high = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    if low > high:
+        spans = ", ".join(f"{label}'s {_tokens(a)}–{_tokens(b)}" for label, (a, b) in zip(labels, ranges))
+        return (f"their prompts share no input length ({spans} input tokens, the middle "
+                f"{INPUT_RANGE:.0%} of each); compare like requests (--where 'input_tokens BETWEEN …')")
+    pooled = np.concatenate([base.inputs, side.inputs])
+    inside = pooled[(pooled >= low) & (pooled <= high)]
+    return (low, high), float(np.median(inside)) if len(inside) else (low + high) / 2
+
+
+def _counted(s: Sample) -> Sample:
+    keep = ~np.isnan(s.inputs)
+    return Sample(s.values[keep], s.inputs[keep])
+
+
+def estimate(base: Sample, side: Sample, labels: tuple[str, str], rng: np.random.Generator,
+             resamples: int = RESAMPLES, noun: str = "requests") -> Estimate:
+    """side − baseline: each side's median at a shared input length, through its own Theil–Sen line
+    of the metric on input tokens; a percentile bootstrap over each side's requests (the line refitted
+    in every resample) for the interval (none with `resamples` 0). Refused with too few requests or
+    no shared input length."""
+    short = [f"{label} has {len(s.values)}" for label, s in zip(labels, (base, side)) if len(s.values) < MIN_REQUESTS]
+    if short:
+        return Estimate(n=len(side.values), n_baseline=len(base.values),
+                        refusal=f"too few {noun} ({'; '.join(short)}; {MIN_REQUESTS} needed on each side)")
+    counted = _counted(base), _counted(side)
+    at: float | None = None
+    out = Estimate()
+    if all(len(s.values) >= MIN_REQUESTS for s in counted):
+        shared = _shared_inputs(*counted, labels)
+        if isinstance(shared, str):
+            return Estimate(n=len(side.values), n_baseline=len(base.values), refusal=shared)
+        (out.shared_inputs, at), (base, side) = shared, counted
+        out.at_input_tokens = at
+    else:
+        few = [f"{label}: {len(c.values)} of {len(s.values)}" for label, s, c in zip(labels, (base, side), counted)
+               if len(c.values) < MIN_REQUESTS]
+        out.note = f"not adjusted for input length (requests with input-token counts: {', '.join(few)})"
+    out.n, out.n_baseline = len(side.values), len(base.values)
+    (level_b, slope_b), (level_s, slope_s) = (
+        (float(v[0][0]), float(v[1][0])) for v in
+        (_levels(s.inputs[None, :], s.values[None, :], at, _pairs(len(s.values), rng)) for s in (base, side)))
+    out.diff_ms = level_s - level_b
+    if at is not None:
+        out.slopes_ms_per_1k = (slope_b * 1000, slope_s * 1000)
+    if not resamples:
+        return out
+    diffs = _resampled_levels(side, at, rng, resamples) - _resampled_levels(base, at, rng, resamples)
     tail = (1 - LEVEL) / 2 * 100
-    low, high = np.percentile(diffs, [tail, 100 - tail])
-    return float(low), float(high)
+    out.low_ms, out.high_ms = (float(v) for v in np.percentile(diffs, [tail, 100 - tail]))
+    return out
 
 
 def _digits(ms: float) -> int:
@@ -249,16 +363,18 @@ def _verdict(d: Difference, title: str, base_median: float | None) -> None:
     """Fill the verdict: slower or faster when the interval excludes 0 and the difference is not
     negligible; else "cannot tell", with the requests needed to tell (when more would help)."""
     if d.median_diff_ms is None or d.ci_low_ms is None or d.ci_high_ms is None:
-        d.verdict = f"cannot compare {title}: too few requests in common input-token buckets"
+        d.call = "cannot compare"
+        d.verdict = f"cannot compare: {d.note or 'no figures'}"
         return
     interval = f"[95% CI {fmt_interval(d.ci_low_ms, d.ci_high_ms)} ms]"
     width = _width_digits(d.ci_high_ms - d.ci_low_ms)
     floor = negligible_ms(d.metric, base_median)
     excludes_zero = d.ci_low_ms > 0 or d.ci_high_ms < 0
     if excludes_zero and abs(d.median_diff_ms) >= floor:
-        word = "slower" if d.median_diff_ms > 0 else "faster"
-        d.verdict = f"{d.group} is {word}: {fmt_diff(d.median_diff_ms, True, width)} ms at p50 {interval}"
+        d.call = "slower" if d.median_diff_ms > 0 else "faster"
+        d.verdict = f"{d.group} is {d.call}: {fmt_diff(d.median_diff_ms, True, width)} ms at p50 {interval}"
         return
+    d.call = "cannot tell"
     base = f"cannot tell {d.group} from {d.baseline}: {fmt_diff(d.median_diff_ms, True, width)} ms {interval}"
     if excludes_zero:  # a real but negligible difference
         d.verdict = f"{base}, under the {fmt_diff(floor, False)} ms that counts as a difference here"
@@ -276,27 +392,30 @@ def _verdict(d: Difference, title: str, base_median: float | None) -> None:
         d.verdict = f"{base} includes 0: any difference is under {fmt_diff(bound, False)} ms"
 
 
-def _difference(base: _Rows, side: _Rows, metric: str, base_label: str, label: str,
-                rng: np.random.Generator) -> Difference:
-    strata = _strata(base.values[metric], side.values[metric])
-    n_side = sum(len(vb) for _, vb, _ in strata)
-    n_base = sum(len(va) for va, _, _ in strata)
-    d = Difference(label, base_label, metric, None, None, None, n_side, n_base, len(strata), "")
-    if strata:
-        d.median_diff_ms = _estimate(strata)
-        d.ci_low_ms, d.ci_high_ms = _interval(strata, rng)
-    _verdict(d, METRICS[metric][2], _quantile(base.values[metric][0], 0.5))
+def difference(base: Sample, side: Sample, metric: str, base_label: str, label: str,
+               rng: np.random.Generator, resamples: int = RESAMPLES) -> Difference:
+    """One metric of one side against the baseline: the estimate at a shared input length, its
+    interval and the verdict in words (what `compare` does per metric; the calibration runs it)."""
+    noun = "streamed requests" if METRICS[metric][1] == "stream" else "requests"
+    e = estimate(base, side, (base_label, label), rng, resamples, noun)
+    d = Difference(label, base_label, metric, e.diff_ms, e.low_ms, e.high_ms, e.n, e.n_baseline, "",
+                   at_input_tokens=e.at_input_tokens, shared_inputs=e.shared_inputs,
+                   slopes_ms_per_1k=e.slopes_ms_per_1k, note=e.refusal or e.note)
+    _verdict(d, METRICS[metric][2], _quantile(base.values, 0.5))
+    if e.note and d.call != "cannot compare":
+        d.verdict += f"; {e.note}"
     return d
 
 
-def _part_differences(base: _Rows, side: _Rows) -> dict[str, float | None]:
+def _part_differences(base: _Rows, side: _Rows, labels: tuple[str, str], rng: np.random.Generator
+                      ) -> dict[str, float | None]:
+    """Each part's difference at the shared input length (no interval)."""
     out: dict[str, float | None] = {}
     for name in ("upstream_headers", *(n for n, _, _, _ in TTFT_PARTS)):
         if name not in base.values or name not in side.values:
             out[name] = None
             continue
-        strata = _strata(base.values[name], side.values[name])
-        out[name] = _estimate(strata) if strata else None
+        out[name] = estimate(base.values[name], side.values[name], labels, rng, resamples=0).diff_ms
     return out
 
 
@@ -306,8 +425,8 @@ def compare(query: Query, sides: list[Side], where: str = "TRUE", by: str = "sid
         raise CompareError("compare needs at least two groups")
     parts = _has_breakdown(query)
     fetched = [_fetch(query, side, where, parts) for side in sides]
-    groups = [Group(s.label, r.requests, {m: Stat(len(r.values[m][0]), _quantile(r.values[m][0], 0.5),
-                                                   _quantile(r.values[m][0], 0.95)) for m in METRICS})
+    groups = [Group(s.label, r.requests, {m: Stat(len(r.values[m].values), _quantile(r.values[m].values, 0.5),
+                                                   _quantile(r.values[m].values, 0.95)) for m in METRICS})
               for s, r in zip(sides, fetched)]
     empty = [g.label for g in groups if not g.requests]
     if empty:
@@ -317,9 +436,11 @@ def compare(query: Query, sides: list[Side], where: str = "TRUE", by: str = "sid
     differences, ttft_parts = [], []
     for side, rows in zip(sides[1:], fetched[1:]):
         for metric in METRICS:
-            differences.append(_difference(base, rows, metric, base_label, side.label, rng))
+            differences.append(difference(base.values[metric], rows.values[metric], metric, base_label,
+                                          side.label, rng))
         if parts:
-            ttft_parts.append({"group": side.label, "baseline": base_label, **_part_differences(base, rows)})
+            ttft_parts.append({"group": side.label, "baseline": base_label,
+                               **_part_differences(base, rows, (base_label, side.label), rng)})
     return Comparison(by, groups, differences, ttft_parts, [s.label for s, r in zip(sides, fetched) if r.sampled])
 
 
@@ -331,7 +452,7 @@ def headline(c: Comparison, group: str) -> str | None:
     d = next((d for d in c.differences if d.group == group and d.metric == "ttft"), None)
     if d is None or d.median_diff_ms is None or d.ci_low_ms is None or d.ci_high_ms is None:
         return None
-    if not d.verdict.startswith(f"{group} is "):
+    if d.call not in ("slower", "faster"):
         return d.verdict
     digits = _width_digits(d.ci_high_ms - d.ci_low_ms)
     text = (f"{group} is {fmt_diff(d.median_diff_ms, True, digits)} ms at p50 "
@@ -352,6 +473,14 @@ def _ms(value: float | None) -> str:
     return f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
 
 
+def _used(d: Difference) -> str:
+    """' (n 30+30, at 2,480 input tokens)': the requests and the length compared at."""
+    if d.call == "cannot compare":
+        return ""
+    at = "" if d.at_input_tokens is None else f", at {_tokens(d.at_input_tokens)} input tokens"
+    return f" (n {d.n}+{d.n_baseline}{at})"
+
+
 def to_table(c: Comparison) -> str:
     from .formatting import layout, truncate
 
@@ -359,16 +488,17 @@ def to_table(c: Comparison) -> str:
     groups = [""] * 2 + [f"{METRICS[m][2]} ms" for m in METRICS for _ in range(2)]
     rows = [[g.label, str(g.requests)] + [_ms(getattr(g.metrics[m], f)) for m in METRICS for f in ("p50_ms", "p95_ms")]
             for g in c.groups]
-    lines = [f"llmtap compare by {c.by}: successful requests, medians compared within input-token buckets "
-             "(powers of two)", "",
+    lines = [f"llmtap compare by {c.by}: successful requests; medians compared at an input length both sides share", "",
              layout(headers, rows, [False] + [True] * (len(headers) - 1), groups=groups, limit=80,
                     shrinkable=[0]).rstrip("\n")]
     for g in c.groups[1:]:
         lines += ["", f"{truncate(g.label, 30)} against {truncate(c.groups[0].label, 30)} "
                       "(difference of medians, 95% bootstrap interval):"]
-        for d in (d for d in c.differences if d.group == g.label):
-            used = f"n {d.n}+{d.n_baseline}" + (f", {d.buckets} buckets" if d.buckets > 1 else "")
-            lines.append(f"  {METRICS[d.metric][2]:<4}  {d.verdict} ({used})")
+        mine = [d for d in c.differences if d.group == g.label]
+        if all(d.call == "cannot compare" for d in mine) and len({d.note for d in mine}) == 1:
+            lines.append(f"  cannot compare: {mine[0].note}")  # one reason for every metric: said once
+        else:
+            lines += [f"  {METRICS[d.metric][2]:<4}  {d.verdict}{_used(d)}" for d in mine]
         parts = next((p for p in c.ttft_parts if p["group"] == g.label), None)
         if parts and parts.get("upstream_headers") is not None:
             where = ", ".join(f"{words} {fmt_diff(parts[name])}" for name, _, words, _ in TTFT_PARTS
@@ -395,18 +525,23 @@ def as_dict(c: Comparison) -> dict[str, Any]:
     """The comparison as plain values (what `--format json` prints)."""
     return {
         "by": c.by,
-        "method": {"statistic": "difference of medians (group - baseline) within input-token buckets "
-                                "(powers of two), weighted by the bucket's requests",
-                   "interval": f"percentile bootstrap, {RESAMPLES} resamples within buckets, seed {SEED}",
-                   "level": LEVEL},
+        "method": {"statistic": "difference of medians (group - baseline) at a shared input length, each "
+                                "request moved along its side's Theil-Sen line of the metric on input tokens",
+                   "interval": f"percentile bootstrap over each side's requests (line refitted), {RESAMPLES} "
+                               f"resamples, seed {SEED}",
+                   "level": LEVEL, "min_requests": MIN_REQUESTS, "input_range": INPUT_RANGE},
         "groups": [{"label": g.label, "requests": g.requests,
                     **{m: {"n": s.n, "p50_ms": _round(s.p50_ms), "p95_ms": _round(s.p95_ms)}
                        for m, s in g.metrics.items()}} for g in c.groups],
         "differences": [{"group": d.group, "baseline": d.baseline, "metric": d.metric,
                          "median_diff_ms": _round(d.median_diff_ms), "ci_low_ms": _round(d.ci_low_ms),
                          "ci_high_ms": _round(d.ci_high_ms), "n": d.n, "n_baseline": d.n_baseline,
-                         "buckets": d.buckets, "verdict": d.verdict, "more_requests": d.more_requests,
-                         "detectable_ms": _round(d.detectable_ms)} for d in c.differences],
+                         "call": d.call, "verdict": d.verdict, "at_input_tokens": _round(d.at_input_tokens),
+                         "shared_inputs": None if d.shared_inputs is None else [_round(v) for v in d.shared_inputs],
+                         "slopes_ms_per_1k_tokens": None if d.slopes_ms_per_1k is None
+                         else [_round(v) for v in d.slopes_ms_per_1k],
+                         "more_requests": d.more_requests, "detectable_ms": _round(d.detectable_ms),
+                         "note": d.note} for d in c.differences],
         "ttft_parts_diff_ms": [{k: _round(v) for k, v in p.items()} for p in c.ttft_parts],
         "sampled": c.sampled,
     }

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from proxy.schema import KINDS
+from proxy.terminal_text import echo
 
 from .cli import db_option, filter_options, from_option, opened, output_options
 from .filters import Filters, sql_string, sql_timestamp
@@ -25,7 +26,7 @@ BY: dict[str, str] = {
     "dialect": "dialect",
 }
 MAX_SIDES = 6  # sides found by --by without values: the busiest ones
-MIN_REQUESTS = 10  # ... with at least this many successful requests
+MIN_REQUESTS = 10  # ... with at least this many successful requests (analysis.compare.MIN_REQUESTS: a test holds them equal)
 NULL_LABEL = "(none)"
 
 
@@ -50,11 +51,23 @@ def _window_side(spec: str) -> tuple[str, str]:
     return spec, " AND ".join(terms) or "TRUE"
 
 
-def _busiest(source: Any, column: str, where: str) -> list[str]:
+def _busiest(source: Any, column: str, where: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """The busiest values with MIN_REQUESTS+ successful requests (at most MAX_SIDES), and the
+    busiest of those with fewer, with their counts (for the words when too few sides are left)."""
     _, _, rows = source.query(
         f"SELECT {column} AS v, count(*) AS n FROM requests WHERE ({where}) AND outcome = 'ok'"
-        f" GROUP BY 1 HAVING count(*) >= {MIN_REQUESTS} ORDER BY n DESC, 1 NULLS LAST LIMIT {MAX_SIDES}")
-    return [NULL_LABEL if v is None else str(v) for v, _ in rows]
+        f" GROUP BY 1 ORDER BY n DESC, 1 NULLS LAST LIMIT {MAX_SIDES + 6}")
+    named = [(NULL_LABEL if v is None else str(v), int(n)) for v, n in rows]
+    return [v for v, n in named if n >= MIN_REQUESTS][:MAX_SIDES], [(v, n) for v, n in named if n < MIN_REQUESTS]
+
+
+def _too_few_sides(by: str, found: list[str], few: list[tuple[str, int]]) -> str:
+    """Why --by without VALUEs has no comparison: each side needs MIN_REQUESTS+ successful requests."""
+    text = f"compare --by {by} needs two sides with {MIN_REQUESTS}+ successful requests each; "
+    text += f"found {len(found)}" + (f" ({', '.join(found)})" if found else "")
+    if few:
+        text += "; too few: " + ", ".join(f"{v} ({n})" for v, n in few)
+    return text + " (the filters, --since and --kind apply)"
 
 
 @click.command()
@@ -81,9 +94,11 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
     Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect),
     --where SQL twice or more, or --window SINCE..UNTIL twice or more; the
     other filters apply to every side. Per side: n, p50, p95. Against the
-    first: the difference of medians within input-token buckets, a 95%
-    bootstrap interval, a verdict, and when it cannot tell, how many more
-    requests would. Successful generations only (--kind for others).
+    first: the difference of medians at an input length both sides share
+    (each side's metric fitted on its input tokens), a 95% bootstrap
+    interval, a verdict, and when it cannot tell, how many more requests
+    would; when they cannot be compared, why. Successful generations only
+    (--kind for others).
     """
     modes = [bool(by), bool(conditions), bool(windows)]
     if sum(modes) != 1:
@@ -97,8 +112,11 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
 
     with opened(db_path, sources) as source:
         where = filters.where()
+        few: list[tuple[str, int]] = []
         if by:
-            names = list(values) or _busiest(source, BY[by], where)
+            names = list(values)
+            if not names:
+                names, few = _busiest(source, BY[by], where)
             if baseline:
                 if baseline not in names:
                     names.insert(0, baseline)
@@ -108,6 +126,8 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
             sides = [Side(condition, condition) for condition in conditions]
         else:
             sides = [Side(*_window_side(spec)) for spec in windows]
+        if len(sides) < 2 and by and not values:
+            raise click.ClickException(_too_few_sides(by, [s.label for s in sides], few))
         if len(sides) < 2:
             found = f" ({', '.join(s.label for s in sides)})" if sides else ""
             raise click.ClickException(f"compare needs two sides or more; found {len(sides)}{found}")
@@ -115,4 +135,4 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
             result = run_compare(source.query, sides, where, by or ("where" if conditions else "window"))
         except CompareError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(RENDERERS[fmt](result), nl=False)
+    echo(RENDERERS[fmt](result), nl=False)

@@ -52,7 +52,8 @@ class DbStatus:
             **{f"bytes_per_{ONE[t]}": _round(self.bytes_per_row(t)) for t in TABLES},
             "oldest": _iso(self.oldest), "newest": _iso(self.newest),
             "proxy": None if self.proxy is None else {"url": self.proxy.url, "pid": self.proxy.pid,
-                                                      "warnings": self.proxy.warnings},
+                                                      "warnings": self.proxy.warnings,
+                                                      "fast_paths": self.proxy.health.get("fast_paths")},
         }
 
 
@@ -98,6 +99,9 @@ def render(status: DbStatus) -> str:
     lines.append(f"newest    {_when(status.newest)}")
     if status.proxy is not None:
         lines.append(f"proxy     llmtap serve (PID {status.proxy.pid}) at {status.proxy.url} records to this file")
+        if isinstance(fast := status.proxy.health.get("fast_paths"), dict):
+            off = f"; off (the public path): {', '.join(fast['off'])}" if fast.get("off") else ""
+            lines.append(f"fast      {', '.join(fast.get('on') or []) or 'none'} on (aiohttp {fast.get('aiohttp')}){off}")
         lines.extend(f"WARNING   {warning}" for warning in status.proxy.warnings)
     elif status.others:
         lines.append(f"proxy     none records to this file; the running llmtap serve records to {', '.join(status.others)}")

@@ -24,6 +24,7 @@ from proxy.config import ServeConfig
 from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
+from proxy.terminal_text import echo
 
 from .views import create_views
 
@@ -159,11 +160,12 @@ class Progress:
         self.done += requests
         if self.tty:
             bar = "#" * (30 * self.done // self.total)
-            print(f"\r  [{bar:<30}] {self.done}/{self.total} requests", end="", file=sys.stderr, flush=True)
+            echo(f"  [{bar:<30}] {self.done}/{self.total} requests", nl=False, err=True, redraw=True)
 
     def close(self) -> None:
-        end = "\n" if self.tty else ""
-        print(f"{end}  sent {self.done} requests", file=sys.stderr)
+        if self.tty:
+            echo(err=True)
+        echo(f"  sent {self.done} requests", err=True)
 
 
 async def drive(base: str, calls: list[Call], concurrency: int = 4) -> None:
@@ -192,7 +194,7 @@ async def run_demo(db: Path, seed: int = 7, port: int = 0) -> int:
     async with Simulator(sim_config, record=False) as sim:
         config = ServeConfig(port=port, upstream=sim.url, db=str(db), quiet=True, tag="demo")
         async with RunningProxy(config, query_setup=create_views) as proxy:
-            print(f"llmtap demo: simulated upstream {sim.url}, proxy {proxy.url}, recording to {db}", file=sys.stderr)
+            echo(f"llmtap demo: simulated upstream {sim.url}, proxy {proxy.url}, recording to {db}", err=True)
             calls = mix()
             await drive(proxy.url, calls)
     return sum(call.requests for call in calls)

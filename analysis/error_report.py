@@ -3,14 +3,12 @@ and a note on the successful streams whose chunks had empty `choices`."""
 
 from __future__ import annotations
 
-import csv
-import io
 import textwrap
 from dataclasses import asdict, dataclass, field
 
 from .diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
 from .filters import Filters
-from .formatting import dumps, layout
+from .formatting import csv_text, dumps, layout
 from .report import span
 from .source import Source
 
@@ -133,16 +131,10 @@ def to_json(report: ErrorReport) -> str:
 
 def to_csv(report: ErrorReport) -> str:
     """One row per group; list values joined with '; '."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     records = [_record(g) for g in report.groups]
     columns = list(records[0]) if records else [*ErrorGroup.__dataclass_fields__, "causes"]
-    writer.writerow(columns)
-    for record in records:
-        writer.writerow(
-            ["; ".join(v) if isinstance(v, list) else "" if v is None else v for v in record.values()]
-        )
-    return out.getvalue()
+    return csv_text(columns, (["; ".join(v) if isinstance(v, list) else "" if v is None else v
+                               for v in record.values()] for record in records))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

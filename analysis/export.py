@@ -9,6 +9,8 @@ in-memory DuckDB writes them. Chunks get their day from their request. The
 files hold the table's own columns (not the view's derived ones); `day` is in the
 directory name (`DIR/requests/day=2026-11-30/data_0.parquet`), and readers
 such as DuckDB's `read_parquet(..., hive_partitioning = true)` restore it.
+Local files are owner-only (0600, directories 0700), as the database is; in CSV, text that a
+spreadsheet would run as a formula starts with a `'` (formatting.csv_cell).
 
 DIR may be an object-storage URL (`s3://bucket/prefix`): DuckDB's httpfs, or
 s3fs, writes there (see `remote.py` for which, and credentials). Remote stores cannot be
@@ -30,8 +32,8 @@ from typing import Any
 import duckdb
 import orjson
 
-from .filters import Filters, sql_string
-from .formatting import plain
+from .filters import Filters, sql_identifier, sql_string
+from .formatting import csv_cell_sql, plain
 from .remote import RemoteError, enable_remote, explain, is_remote
 from .source import FileSource, Source, SourceError
 from .views import DERIVED_COLUMNS
@@ -67,6 +69,24 @@ def select_sql(table: str, filters: Filters) -> str:
         "SELECT c.*, r.day FROM chunks c JOIN requests r ON c.request_id = r.id"
         f" WHERE {filters.where('r.')}"
     )
+
+
+def csv_safe(select: str, columns: list[str], types: list[str]) -> str:
+    """`select` with its text columns quoted against formulas, as every CSV the CLI writes
+    (formatting.csv_cell): a model name or error message such as =HYPERLINK(...) comes out '=HYPERLINK(...)."""
+    text = [c for c, t in zip(columns, types) if t.upper() == "VARCHAR"]
+    if not text:
+        return select
+    replaced = ", ".join(f"{csv_cell_sql(sql_identifier(c))} AS {sql_identifier(c)}" for c in text)
+    return f"SELECT * REPLACE ({replaced}) FROM ({select})"
+
+
+def _file_select(source: FileSource, table: str, filters: Filters, fmt: str) -> str:
+    select = select_sql(table, filters)
+    if fmt != "csv":
+        return select
+    columns, types, _ = source.query(f"SELECT * FROM ({select}) LIMIT 0")
+    return csv_safe(select, columns, types)
 
 
 def copy_sql(select: str, target: Path | str, fmt: str, overwrite: bool) -> str:
@@ -121,7 +141,9 @@ def copy_through(source: Source, table: str, filters: Filters, target: Path | st
         spec = ", ".join(f"{sql_string(c)}: {sql_string(t)}" for c, t in zip(columns, types))
         select = (f"SELECT * FROM read_json({sql_string(str(spool))}, format = 'newline_delimited',"
                   f" columns = {{{spec}}})")
-        with duck.connect() as con:
+        if fmt == "csv":
+            select = csv_safe(select, columns, types)
+        with duck.connect() as con, duck.private_umask():
             if is_remote(str(target)):
                 enable_remote(con, os.environ if env is None else env, [str(target)])
             con.execute(copy_sql(select, target, fmt, overwrite))
@@ -166,13 +188,14 @@ def export(
         taken = [str(d) for d in targets.values() if _not_empty(d)]
         if taken:
             raise ExportError(f"{' and '.join(taken)} already exist: pass --overwrite to replace them")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     written = []
     for table, directory in targets.items():
         try:
             if isinstance(source, FileSource):
-                select = select_sql(table, filters)
-                source.query(copy_sql(select, directory.resolve(), fmt, overwrite))
+                select = _file_select(source, table, filters, fmt)
+                with duck.private_umask():  # the files hold prompts and errors: owner-only, as the database
+                    source.query(copy_sql(select, directory.resolve(), fmt, overwrite))
             else:
                 copy_through(source, table, filters, directory.resolve(), fmt, overwrite, page_rows)
         except (SourceError, duckdb.Error) as exc:
@@ -205,7 +228,7 @@ def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrit
             try:
                 if isinstance(source, FileSource):
                     enable_remote(source.con, env, [url])
-                    source.query(copy_sql(select_sql(table, filters), target, fmt, overwrite))
+                    source.query(copy_sql(_file_select(source, table, filters, fmt), target, fmt, overwrite))
                 else:
                     copy_through(source, table, filters, target, fmt, overwrite, page_rows, env)
                 days = _count_remote(con, target, fmt)

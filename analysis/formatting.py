@@ -1,16 +1,23 @@
-"""Rows to text: aligned tables, CSV, JSON, NDJSON, Markdown, and humanised numbers."""
+"""Rows to text: aligned tables, CSV, JSON, NDJSON, Markdown, and humanised numbers.
+
+A table's cells hold stored data (a path, a tag, an upstream's error message): each is shown with its
+control characters escaped (proxy/terminal_text.py) before it is laid out, so a line break cannot
+start a row and the columns stay aligned; the whole text then leaves through `terminal_text.echo`."""
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 import orjson
+
+from proxy.terminal_text import printable, printable_cells
 
 FORMATS = ("table", "csv", "json", "ndjson", "markdown")
 ELLIPSIS = "…"
@@ -157,6 +164,8 @@ def layout(
     `groups` labels runs of columns on a line above the header. With `limit`,
     the `shrinkable` columns are narrowed (cut with an ellipsis) to fit.
     """
+    headers = printable_cells(headers)
+    rows = [printable_cells(r) for r in rows]
     widths = column_widths(headers, rows)
     if limit is not None:
         widths = _shrink(widths, shrinkable, limit)
@@ -182,12 +191,39 @@ def to_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return layout(columns, [[cell(v) for v in r] for r in rows], right)
 
 
-def to_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP, "CSV Injection"):
+# a model name or an upstream's error such as =HYPERLINK(...) would. Such text gets a leading
+# single quote, which shows it as text; a number (-5, +1.5e3) is left as it is.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+_FORMULA_CLASS = "[=+\\-@\\t\\r]"  # FORMULA_STARTS as a regex class, for Python's re and DuckDB's RE2
+
+
+def csv_cell(value: Any) -> Any:
+    """One value for a CSV file: text a spreadsheet would take for a formula is quoted with `'`;
+    anything else (numbers, None) as it is, for the csv module to write."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not re.fullmatch(NUMBER, value):
+        return "'" + value
+    return value
+
+
+def csv_cell_sql(expr: str) -> str:
+    """`csv_cell` as a DuckDB expression on a VARCHAR, for the CSV files DuckDB writes (export)."""
+    return (f"CASE WHEN regexp_matches({expr}, '^{_FORMULA_CLASS}')"
+            f" AND NOT regexp_full_match({expr}, '{NUMBER}') THEN chr(39) || {expr} ELSE {expr} END")
+
+
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A header and rows as CSV, every cell through `csv_cell`: the one CSV writer of the CLI."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows([cell(v) for v in r] for r in rows)
+    writer.writerow([csv_cell(c) for c in columns])
+    writer.writerows([csv_cell(v) for v in r] for r in rows)
     return out.getvalue()
+
+
+def to_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    return csv_text(columns, ([cell(v) for v in r] for r in rows))
 
 
 def records(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
@@ -203,7 +239,7 @@ def to_ndjson(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return printable(text.replace("|", "\\|").replace("\n", " "))
 
 
 def to_markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

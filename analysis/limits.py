@@ -9,15 +9,13 @@ utilization), which for a subscription is its windows over time.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from .filters import Filters
-from .formatting import dumps, fmt_count, fmt_pct, layout, truncate
+from .formatting import csv_text, dumps, fmt_count, fmt_pct, layout, truncate
 from .source import Source
 
 WIDTH = 80
@@ -243,13 +241,8 @@ def to_json(report: LimitsReport) -> str:
 
 def to_csv(report: LimitsReport) -> str:
     """The latest limits per key (the hourly lows are in the json)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     names = list(KeyLimits.__dataclass_fields__)
-    writer.writerow(names)
-    for k in report.keys:
-        writer.writerow(["" if v is None else v for v in asdict(k).values()])
-    return out.getvalue()
+    return csv_text(names, (["" if v is None else v for v in asdict(k).values()] for k in report.keys))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

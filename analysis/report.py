@@ -12,8 +12,6 @@ are `820ms` or `6.4s`, token counts `12.3k`.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +19,7 @@ from .filters import Filters, sql_string
 from .formatting import (
     MIN_SHRUNK_WIDTH,
     column_widths,
+    csv_text,
     dumps,
     fmt_count,
     fmt_ms,
@@ -300,14 +299,9 @@ def to_json(report: Report) -> str:
 
 def to_csv(report: Report) -> str:
     """The group rows only (the slowest requests are in the json and table output)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     columns = [report.by, *metrics_for(report.by)]
-    writer.writerow(columns)
-    for g in report.groups:
-        row = _rounded_row(g)
-        writer.writerow(["" if row[c] is None else row[c] for c in columns])
-    return out.getvalue()
+    rows = (_rounded_row(g) for g in report.groups)
+    return csv_text(columns, (["" if row[c] is None else row[c] for c in columns] for row in rows))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from proxy.terminal_text import printable
+
 from .filters import sql_string
 from .formatting import cell, dumps, fmt_ms, short_ids
 from .source import Source
@@ -146,7 +148,7 @@ def to_text(shown: Shown) -> str:
     known = [(name, _value(value)) for name, value in row.items() if value is not None]
     width = max(len(name) for name, _ in known)
     lines += [f"  {name:<{width}}  {value}" for name, value in known]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(printable, lines)) + "\n"  # one line each, whatever a value holds
 
 
 def to_json(shown: Shown) -> str:

@@ -11,7 +11,6 @@ arrive as ISO strings.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +18,7 @@ import duckdb
 
 from proxy import duck, paths, running
 from proxy.running import AdminClient, AdminError
+from proxy.terminal_text import echo
 
 from .views import create_views
 
@@ -74,8 +74,8 @@ class ServeSource:
         except AdminError as exc:
             raise SourceError(str(exc)) from None
         if truncated:
-            print("llmtap: the running proxy returned only the first 100,000 rows; "
-                  "add a LIMIT or use `llmtap export`", file=sys.stderr)
+            echo("llmtap: the running proxy returned only the first 100,000 rows; "
+                 "add a LIMIT or use `llmtap export`", err=True)
         return result
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from proxy import duck, retention
+from proxy.terminal_text import echo
 
 from .cli import default_or_demo, db_option, output_options
 from .db_status import fmt_bytes, gather, render
@@ -31,7 +32,7 @@ def status(db_path: Path, fmt: str) -> None:
         found = gather(default_or_demo(db_path))
     except SourceError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(found.as_dict(), indent=2) if fmt == "json" else render(found), nl=fmt == "json")
+    echo(json.dumps(found.as_dict(), indent=2) if fmt == "json" else render(found), nl=fmt == "json")
 
 
 @click.command()
@@ -55,9 +56,9 @@ def prune(older_than: str, bodies_only: bool, db_path: Path) -> None:
                                bodies_before=before if bodies_only else None)
     finally:
         con.close()
-    click.echo(f"deleted {done.describe()} of requests started before {before:%Y-%m-%d %H:%M:%S} UTC from {db_path}")
+    echo(f"deleted {done.describe()} of requests started before {before:%Y-%m-%d %H:%M:%S} UTC from {db_path}")
     if done.requests or done.bodies:
-        click.echo("the file keeps its size (DuckDB reuses the space for new rows); to shrink it: llmtap compact")
+        echo("the file keeps its size (DuckDB reuses the space for new rows); to shrink it: llmtap compact")
 
 
 @click.command()
@@ -68,4 +69,4 @@ def compact(db_path: Path) -> None:
         before, after = retention.compact(db_path)
     except retention.RetentionError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"compacted {db_path}: {fmt_bytes(before)} -> {fmt_bytes(after)}")
+    echo(f"compacted {db_path}: {fmt_bytes(before)} -> {fmt_bytes(after)}")

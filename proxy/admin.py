@@ -8,7 +8,6 @@ asks the proxy to run its read-only query. It answers loopback peers only
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import os
 import socket
@@ -18,9 +17,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import live
+from . import admin_sql, live
+from .client_key import same_secret
 from .relay_state import STATE, ProxyState
 from .running import ADMIN_PREFIX, TOKEN_HEADER
+
+FLUSH_BEFORE_QUERY_S = 2.0
 
 MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
 
@@ -71,9 +73,13 @@ FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remot
              "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)")
 
 
+def forbidden() -> web.Response:
+    return _json({"error": FORBIDDEN}, 403)
+
+
 def _token_sent(request: web.Request, token: str) -> bool:
     sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
-    return bool(token) and hmac.compare_digest(sent.encode(), token.encode())
+    return same_secret(sent, token)  # bytes in constant time: a value that is not UTF-8 is just wrong
 
 
 async def handle(request: web.Request, name: str) -> web.StreamResponse:
@@ -82,7 +88,7 @@ async def handle(request: web.Request, name: str) -> web.StreamResponse:
     and the live feed) through the primary's private socket: `state.admin_relay`."""
     state = request.app[STATE]
     if not allowed(request, state):
-        return _json({"error": FORBIDDEN}, 403)
+        return forbidden()
     if state.admin_relay is not None:
         return await state.admin_relay(request, name)
     return await answer(request, state, name)
@@ -115,9 +121,21 @@ def health(state: ProxyState) -> dict[str, Any]:
         "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
                    for r in state.routes.routes],
         "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
+        "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/fast_paths.py)
         "store": stats,
+        "sql_queries": state.admin_sql.pending if state.admin_sql is not None else 0,  # running or queued
         **({"workers": state.workers.health()} if state.workers is not None else {}),
     }
+
+
+def fast_paths(state: ProxyState) -> dict[str, Any]:
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
+    and whether arrivals are dated by the kernel's receive time (proxy/rx_stamp.py)."""
+    from . import rx_stamp
+
+    connector = getattr(getattr(state, "session", None), "connector", None)
+    found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
 
 
 async def metrics(state: ProxyState) -> web.Response:
@@ -129,7 +147,11 @@ async def metrics(state: ProxyState) -> web.Response:
 
 
 async def sql(request: web.Request, state: ProxyState) -> web.Response:
-    if state.store is None:
+    """One read-only query (store.Store.query) in admin SQL's own threads (proxy/admin_sql.py), with
+    its timeout and its answer's byte cap; stopped when the client goes away. The rows of requests
+    already over are written first (at most FLUSH_BEFORE_QUERY_S), so `llmtap sql`, `report` and
+    `errors` right after a tool exits see its requests."""
+    if state.store is None or state.admin_sql is None:
         return _json({"error": "this proxy is not recording to a database"}, 400)
     try:
         query = orjson.loads(await request.read())["sql"]
@@ -137,10 +159,18 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
             raise TypeError
     except (ValueError, KeyError, TypeError):
         return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
-    loop = asyncio.get_running_loop()
+    store, max_bytes = state.store, state.config.sql_max_bytes
+    state.recorder.record_ended()  # the requests over already are in the answer, not a second later
+
+    def run(stop: Any) -> Any:
+        store.flush(FLUSH_BEFORE_QUERY_S)
+        return store.query(query, None, MAX_ROWS + 1, max_bytes=max_bytes, stop=stop)
+
     try:
-        columns, types, rows = await loop.run_in_executor(None, state.store.query, query, None, MAX_ROWS + 1)
-    except Exception as exc:  # the query's own error, for the user
+        columns, types, rows = await state.admin_sql.run(run)
+    except (admin_sql.Busy, admin_sql.Closed) as exc:
+        return _json({"error": str(exc)}, 503)
+    except Exception as exc:  # the query's own error, its timeout, its size: for the user
         return _json({"error": str(exc)}, 400)
     truncated = len(rows) > MAX_ROWS
     return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})

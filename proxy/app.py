@@ -32,6 +32,9 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     path, query = split_raw_path(request.raw_path)
     if path.startswith(ADMIN_PREFIX):
+        if not admin.allowed(request, state):  # refused: a row says someone tried (allowed ones leave none)
+            _record_local(request, path, received, 403, Outcome.HTTP_ERROR, ("admin_forbidden", admin.FORBIDDEN))
+            return admin.forbidden()
         return await admin.handle(request, path[len(ADMIN_PREFIX):])
     if path.startswith(TAG_PREFIX):
         path = strip_tag(request, path)
@@ -47,8 +50,10 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         prefixes = ", ".join(state.routes.prefixes)
         message = f"llmtap: no route for {path}; configured prefixes: {prefixes}"
         return reject(request, path, received, 404, message, "no_route")
-    if route.credential is not None and not client_key.accepts(state.client_key or "", request.headers, request.query):
-        return reject(request, path, received, 401, CLIENT_KEY_NEEDED, "invalid_client_key")
+    if route.credential is not None:  # llmtap spends its key for this client: the client key, not sent on
+        if not client_key.accepts(state.client_key or "", request.headers, request.query):
+            return reject(request, path, received, 401, CLIENT_KEY_NEEDED, "invalid_client_key", route)
+        query = client_key.without_key(query)
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
@@ -124,9 +129,11 @@ CLIENT_KEY_NEEDED = ("llmtap: this route puts llmtap's upstream key in place of 
                      "configuration)")
 
 
-def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str) -> web.Response:
-    """Answer locally with an error in the API's shape, and leave a row that says so."""
-    _record_local(request, path, received, status, Outcome.HTTP_ERROR, (code, message))
+def reject(request: web.Request, path: str, received: int, status: int, message: str, code: str,
+           route: Route | None = None) -> web.Response:
+    """Answer locally with an error in the API's shape, and leave a row that says so (with the
+    route it was for, when one matched)."""
+    _record_local(request, path, received, status, Outcome.HTTP_ERROR, (code, message), route)
     return error_response(path, status, message, code)
 
 
@@ -141,9 +148,9 @@ def preflight(request: web.Request, path: str, received: int) -> web.Response:
 
 
 def _record_local(request: web.Request, path: str, received: int, status: int, outcome: Outcome,
-                  error: tuple[str, str] | None) -> None:
+                  error: tuple[str, str] | None, route: Route | None = None) -> None:
     state = request.app[STATE]
-    meter = start_meter(state, request, None, path, received, relayed=False)
+    meter = start_meter(state, request, route, path, received, relayed=False)
     if meter is not None:
         meter.on_refused(status)
         state.recorder.end(meter, outcome, error)
@@ -167,9 +174,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
     # measuring, the connector stamps each request's connection moments (proxy/conn_timing.py)
-    make = conn_timing.TimedConnector if cfg.measure else aiohttp.TCPConnector
-    connector = make(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30,
-                     ssl=client_ssl_context(cfg.ca_bundle))
+    pool = dict(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30, ssl=client_ssl_context(cfg.ca_bundle))
+    connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
+                 else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     state.session = aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,

@@ -17,6 +17,10 @@ pipe), and in that same callback:
 The relay's task only waits for the end: `wait_eof()` returns at the body's end, or raises what
 ended it (the upstream's read timeout, a broken body, or `ClientGone` when the client left).
 Everything not on this path (status, headers, the request, pooling, timeouts) stays aiohttp's.
+
+This is the `body_pipe` fast path (proxy/fast_paths.py): it runs only where the start-up probe
+finds aiohttp's reader, connection and writer shaped as here, for a reader of exactly that class;
+else forward.py's `_read_and_write` relays the body through the public API.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ import asyncio
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from aiohttp import ServerTimeoutError, web
-from aiohttp.streams import StreamReader
+from aiohttp import ServerTimeoutError, StreamReader, web
 
 if TYPE_CHECKING:
     from .meter import Meter

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import click
 from . import config as cfg
 from .cli_options import config_option, db_option, workers_option
 from .routes import RouteError, parse_route
+from .terminal_text import echo, printable
 
 
 # Every command but serve, as "module:attribute": imported when it runs, so a command loads only what it
@@ -53,10 +53,19 @@ class LazyGroup(click.Group):
             try:
                 command = getattr(importlib.import_module(module), attribute)
             except ImportError as exc:  # pragma: no cover - analysis is part of the package
-                print(f"llmtap: {cmd_name} unavailable: {exc}", file=sys.stderr)
+                echo(f"llmtap: {cmd_name} unavailable: {exc}", err=True)
                 return None
             self.add_command(command, cmd_name)
         return self.commands.get(cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Every command; an error's message can quote stored data (DuckDB's quote a value that does
+        not convert), so it leaves escaped like any output (proxy/terminal_text.py)."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = printable(exc.message, layout=True)
+            raise
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         """Click's lookup, with the nearest command names for a typo (`llmtap reprot`)."""
@@ -106,6 +115,7 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--connect-timeout", "connect_timeout_s", type=float, help="Seconds to connect upstream (default 10).")
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help="Seconds of upstream silence before giving up (default 600).")
 @click.option("--max-body-mb", type=float, help="Largest request body in MiB (default 64).")
+@click.option("--body-memory-mb", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Request bodies held in memory at once, all requests together, in MiB (default 256); past it a request gets a 503.")
 @click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CAs for TLS to the upstream, added to the system's (also read: REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS).")
 @click.option("--upstream-proxy", metavar="URL", help="Reach the upstreams through this HTTP proxy (http://[user:pass@]host:port), or `none` to go direct; default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY.")
@@ -117,6 +127,8 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--capture-bodies", is_flag=True, default=None, help="Store request and response bodies (decoded, secrets redacted) in the bodies table.")
 @click.option("--capture-max-kb", type=click.IntRange(min=0), help="Keep at most this many KiB of each captured body (default 256).")
 @click.option("--db-memory-mb", type=click.IntRange(min=16), help="DuckDB's memory limit inside the proxy, in MiB (default 256).")
+@click.option("--sql-timeout", "sql_timeout_s", type=click.FloatRange(min=0, min_open=True), metavar="S", help="Stop a query through the proxy (llmtap sql while serving) after S seconds (default 60).")
+@click.option("--sql-max-mb", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Largest answer of a query through the proxy, in MiB of JSON (default 64).")
 @click.option("--retain-days", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Delete requests (with their chunks and bodies) older than N days: at start, then hourly.")
 @click.option("--retain-bodies-days", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Delete captured bodies of requests older than N days (the rows stay).")
 @click.option("--otel-endpoint", help="Send spans and GenAI metrics to this OTLP/HTTP collector (needs llmtap[otel]).")
@@ -139,7 +151,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
         host = (hosts[0] if len(hosts) == 1 else list(hosts)) if hosts else None
         config = cfg.build(config_path, {**flags, "host": host, "routes": _routes(route_specs), "route_key_env": keys})
         if print_config:
-            click.echo(cfg.to_toml(config), nl=False)
+            echo(cfg.to_toml(config), nl=False)
             return
         config.route_table()
         check_bind(config)

@@ -5,7 +5,9 @@ behalf, so the proxy must know the client may: another Unix user on the machine,
 in the user's browser, can reach 127.0.0.1 too. The client key is made once, kept owner-only in
 the data directory (`paths.client_key_path()`), and written into each tool's configuration by
 `llmtap setup`; a request on such a route without it gets a 401 in the API's shape and never
-reaches the upstream. It is a credential like any other: never stored, logged or echoed.
+reaches the upstream. It is a credential like any other: never stored, logged, echoed or sent
+on: where it was accepted (a credential header, or Gemini's `?key=`), the upstream gets the real
+key in its place (`headers.inject_credential`, `without_key`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -75,5 +78,23 @@ def presented(headers: Mapping[str, str], query: Mapping[str, str]) -> list[str]
 
 def accepts(expected: str, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
     """Whether the client presented the client key (in constant time per candidate)."""
-    want = expected.encode()
-    return any(hmac.compare_digest(v.encode(), want) for v in presented(headers, query))
+    return any(same_secret(v, expected) for v in presented(headers, query))
+
+
+def same_secret(sent: str, expected: str) -> bool:
+    """Whether the secret a request carried is `expected`: their bytes compared in constant time.
+    Bytes of a header that are not UTF-8 arrive as lone surrogates (aiohttp decodes with
+    `surrogateescape`); `surrogatepass` encodes every string, so such a value is just unequal."""
+    return bool(expected) and hmac.compare_digest(sent.encode("utf-8", "surrogatepass"),
+                                                  expected.encode("utf-8", "surrogatepass"))
+
+
+def without_key(query_string: str) -> str:
+    """The raw query string without its `key` parameters, every other byte as sent: on a route that
+    injects the upstream key, the client's key (llmtap's client key, accepted as Gemini's `?key=`)
+    is not sent on beside the injected one, as `inject_credential` drops the client's headers."""
+    if "key" not in query_string and "%" not in query_string:  # the common case, without splitting
+        return query_string
+    kept = [part for part in query_string.split("&")
+            if urllib.parse.unquote_plus(part.partition("=")[0]) != "key"]
+    return "&".join(kept)

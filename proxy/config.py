@@ -41,6 +41,8 @@ class ServeConfig:
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 600.0
     max_body_mb: float = 64.0
+    # Request bodies held in memory at once, all requests together (proxy/body_budget.py): past it, a 503.
+    body_memory_mb: float = 256.0
     pool_size: int = 0
     ca_bundle: str | None = None
     flush_interval_s: float = 1.0
@@ -56,6 +58,10 @@ class ServeConfig:
     capture_bodies: bool = False
     capture_max_kb: int = 256
     db_memory_mb: int = 256  # DuckDB's memory limit in the proxy (its cache of the database, queries)
+    # Admin SQL (`llmtap sql` while serving): a query is stopped after this many seconds, and its answer
+    # (its rows as JSON) is at most this many MiB.
+    sql_timeout_s: float = 60.0
+    sql_max_mb: float = 64.0
     # Retention: requests (with their chunks and bodies) older than this many days are deleted as the
     # proxy runs, at start and then hourly (proxy/store.py, proxy/retention.py); bodies alone sooner. None: kept.
     retain_days: float | None = None
@@ -100,6 +106,14 @@ class ServeConfig:
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
 
+    @property
+    def body_memory_bytes(self) -> int:
+        return int(self.body_memory_mb * 1024 * 1024)
+
+    @property
+    def sql_max_bytes(self) -> int:
+        return int(self.sql_max_mb * 1024 * 1024)
+
     def route_table(self) -> RouteTable:
         routes: list[Route] = []
         try:
@@ -141,6 +155,8 @@ class ServeConfig:
 _FIELDS = {f.name for f in fields(ServeConfig)}
 _TABLES = ("routes", "route_key_env", "route_proxy")
 _LISTS = ("allow_origins", "allow_hosts")
+_POSITIVE = {"retain_days": "days", "retain_bodies_days": "days", "sql_timeout_s": "seconds", "sql_max_mb": "MiB",
+             "body_memory_mb": "MiB"}
 
 
 def _key_from_env(var: str | None) -> str | None:
@@ -197,10 +213,10 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
                 values[key] = [*values.get(key, []), *value]
         elif value is not None:
             values[key] = value
-    for key in ("retain_days", "retain_bodies_days"):
+    for key, unit in _POSITIVE.items():
         value = values.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"{key} is a number of days above 0, not {value!r}")
+            raise ConfigError(f"{key} is a number of {unit} above 0, not {value!r}")
     try:
         return ServeConfig(**values)
     except TypeError as exc:

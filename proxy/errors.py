@@ -12,6 +12,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from .bounds import utf8
+
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -20,10 +22,11 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
-_GEMINI_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT",
-                  502: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_GEMINI_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "INVALID_ARGUMENT",
+                  502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 def api_shape(path: str) -> str:
@@ -35,6 +38,7 @@ def api_shape(path: str) -> str:
 
 
 def error_body(path: str, status: int, message: str, code: str) -> bytes:
+    message = utf8(message)  # it may quote a header whose bytes are not UTF-8 (guard.py's refusals)
     shape = api_shape(path)
     if shape == "anthropic":
         etype = _ANTHROPIC_TYPES.get(status, "api_error")

@@ -16,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import conn_timing
+from .body_budget import RETRY_AFTER_S, Lease, OverBudget
 from .body_pipe import BodyPipe, give_meter
 from .errors import api_shape, error_response
 from .headers import TAG_HEADER, inject_credential, request_headers, response_headers
@@ -41,15 +42,22 @@ class Finish(Exception):
         self.outcome, self.error, self.response = outcome, error, response
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
+async def read_body(request: web.Request, limit: int, lease: Lease | None = None) -> bytes:
+    """The whole body, up to `limit` bytes (else BodyTooLarge), each byte taken from `lease` first
+    (else OverBudget): its Content-Length at once, a chunked body's bytes as they come."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
         raise BodyTooLarge
+    if lease is not None and declared:
+        lease.take(declared)
     parts: list[bytes] = []
     size = 0
     async for data in request.content.iter_any():
         size += len(data)
         if size > limit:
             raise BodyTooLarge
+        if lease is not None and size > lease.size:
+            lease.take(size - lease.size)
         parts.append(data)
     return b"".join(parts)
 
@@ -69,12 +77,13 @@ def request_tag(request: web.Request, state: ProxyState) -> str | None:
 
 def start_meter(state: ProxyState, request: web.Request, route: Route | None, path: str, received: int,
                 relayed: bool = True) -> Meter | None:
-    """`state.recorder.start` for this request (`route` None: no route matched)."""
+    """`state.recorder.start` for this request (`route` None: no route matched). The injected key
+    is the request's credential only when it is relayed (a refusal's is what the client sent)."""
     return state.recorder.start(
         received_ns=received, method=request.method, path=path,
         query=request.query if request.query_string else {}, headers=request.headers,
         route=route.label if route is not None else "", upstream_host=(route.upstream.host or "") if route else "",
-        tag=request_tag(request, state), credential=route.credential if route is not None else None,
+        tag=request_tag(request, state), credential=route.credential if route is not None and relayed else None,
         relayed=relayed,
     )
 
@@ -92,8 +101,9 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     meter = start_meter(state, request, route, path, received)
     outcome: Outcome | None = None
     error: tuple[str, str] | None = None
+    lease = state.body_budget.lease()
     try:
-        return await _relay(state, request, route, path, query, meter)
+        return await _relay(state, request, route, path, query, meter, lease)
     except Finish as fin:
         outcome, error = fin.outcome, fin.error
         return fin.response
@@ -106,15 +116,19 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         state.report(f"llmtap: internal error relaying {request.method} {path}: {error[1]}")
         return error_response(path, 502, f"llmtap internal error: {error[1]}", "llmtap_internal_error")
     finally:
+        lease.release()
         if meter is not None:
             state.recorder.end(meter, outcome, error)
 
 
 async def _relay(
-    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None
+    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None,
+    lease: Lease | None = None,
 ) -> web.StreamResponse:
     try:
-        body = await read_body(request, state.config.max_body_bytes)
+        body = await read_body(request, state.config.max_body_bytes, lease)
+    except OverBudget:
+        raise _over_budget(state, path, meter) from None
     except BodyTooLarge:
         mb = state.config.max_body_mb
         resp = error_response(path, 413, f"request body is larger than llmtap's limit of {mb:g} MiB "
@@ -128,6 +142,16 @@ async def _relay(
         return await _stream_back(request, upstream, meter)
     finally:
         upstream.release() if upstream.content.is_eof() else upstream.close()
+
+
+def _over_budget(state: ProxyState, path: str, meter: Meter | None) -> Finish:
+    mb = state.config.body_memory_mb
+    message = (f"llmtap is holding {mb:g} MiB of request bodies, its limit (serve --body-memory-mb); "
+               f"try again in {RETRY_AFTER_S} s")
+    resp = error_response(path, 503, message, "body_memory_full")
+    resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return _finish(Outcome.HTTP_ERROR, ("body_memory_full", f"request bodies in memory at the {mb:g} MiB limit"),
+                   resp, meter, 503)
 
 
 async def _open_upstream(state: ProxyState, request: web.Request, url, body: bytes, meter: Meter | None,
@@ -144,6 +168,7 @@ async def _open_upstream(state: ProxyState, request: web.Request, url, body: byt
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None
     finally:
+        conn_timing.settle()  # the response's first byte was read stamped, or never will be
         conn_timing.CURRENT.reset(timing)
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()
@@ -233,15 +258,22 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     if "Origin" in request.headers:  # a page of an allowed origin (guard.py refused the others) reads it
         for name, value in request.app[STATE].guard.cors_headers(request).items():
             headers.setdefault(name, value)
-    out = _Answer(status=upstream.status, reason=upstream.reason, headers=headers)
+    fast = request.app[STATE].fast
+    out = (_Answer if fast.on("headers_later") else web.StreamResponse)(
+        status=upstream.status, reason=upstream.reason, headers=headers)
     await out.prepare(request)
     content = upstream.content
     try:
         if content.is_eof():  # the whole body came with the headers (most non-streaming answers)
             return await _answer_at_once(content, out, meter)
-        request.writer.send_headers()  # type: ignore[attr-defined]
-        await BodyPipe(request, content, meter).relay()
-        await out.write_eof()
+        request.writer.send_headers()
+        if fast.on("body_pipe") and type(content) is aiohttp.StreamReader:
+            await BodyPipe(request, content, meter).relay()
+        else:
+            await _read_and_write(content, out, meter)
+        if meter is not None:
+            meter.on_response_end(perf_counter_ns())
+        await out.write_eof()  # the last chunk at once, then a wait while the client drains
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
         raise _finish_after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
@@ -256,7 +288,8 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
 class _Answer(web.StreamResponse):
     """The relayed response. Its headers wait for the first write (as `web.Response`'s do), so a body
     that came whole with the upstream's headers leaves in one write with them; a streamed body sends
-    them at once (`send_headers`)."""
+    them at once (`send_headers`). The `headers_later` fast path (proxy/fast_paths.py); without it a
+    plain `web.StreamResponse`, whose headers leave in their own write at `prepare`."""
 
     _send_headers_immediately = False
 
@@ -264,10 +297,24 @@ class _Answer(web.StreamResponse):
 async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> web.StreamResponse:
     data = content.read_nowait()
     t = perf_counter_ns()
+    if meter is not None:
+        meter.on_response_end(t)
     await out.write_eof(data)  # the headers, the body and (chunked) its last chunk, in one write
     if meter is not None and data:
         give_meter(meter, data, t)
     return out
+
+
+async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
+    """The public path of a body (proxy/fast_paths.py), read by read and written to the client:
+    aiohttp's own backpressure (`write` drains a full transport; the reader pauses the upstream past
+    its high water), its idle timeout (`sock_read`, re-armed per read), and a client gone raises
+    from `write` (or cancels the handler). Each piece is stamped once this task has it."""
+    while data := await content.readany():
+        t = perf_counter_ns()
+        await out.write(data)
+        if meter is not None:
+            give_meter(meter, data, t)
 
 
 def _finish_after_headers(outcome: Outcome, message: str, out: web.StreamResponse) -> Finish:

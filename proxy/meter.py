@@ -8,6 +8,7 @@ docstring says exactly when it fires; mitmproxy's hook style):
 - `response_started(status, headers, t)`: the upstream's status and headers arrived;
 - `on_chunk(data, t)`: one read of the response body, already written to the client
   (`on_message(payload, t)` for one upstream frame of a WebSocket response);
+- `on_response_end(t)`: the response's last bytes were handed to the client's connection;
 - `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
 - `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
 
@@ -38,7 +39,7 @@ from .connection_marks import ConnectionMarks
 from .decode import DecodeError, StreamDecoder
 from .dialects.base import Dialect
 from .dialects.detect import detect_dialect
-from . import ratelimits
+from . import bounds, ratelimits
 from .fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from .gaps import GapHistogram, gaps_ms
 from .redact import redact, request_secrets
@@ -80,7 +81,7 @@ class Meter:
         "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
-        "response_bytes", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
+        "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
     )
 
@@ -117,6 +118,7 @@ class Meter:
         self.retry_after: str | None = None
         self.limits: dict[str, str] | None = None  # the response's rate-limit headers (proxy/ratelimits.py)
         self.response_bytes = 0
+        self.response_end: int | None = None  # the last bytes handed to the client (before any wait to drain)
         self.is_stream = False
         self._decoder: StreamDecoder | None = None
         self._sse: SSEParser | None = None
@@ -150,6 +152,12 @@ class Meter:
         self.upstream_sent = t_ns
         self.connection = ConnectionMarks(tls)
         return self.connection
+
+    def on_response_end(self, t_ns: int) -> None:
+        """The response's last bytes (a chunked body's last chunk) were handed to the client's
+        connection: E2E ends here, not after a wait for the client to drain them (that wait, and the
+        loop turn after it, are the client's reading and llmtap's, not the response's)."""
+        self.response_end = t_ns
 
     def on_refused(self, status: int) -> None:
         """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
@@ -425,7 +433,8 @@ class Meter:
         self.request_body = b""
         sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
         ttft = (times[0] - r) / 1e6 if times else None
-        e2e = (end_ns - r) / 1e6
+        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
+        e2e = (done - r) / 1e6
         events, parse_error = len(times) + self._over, self.broken or d.parse_error
         if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
             last = (self._last_event[0] - r) / 1e6
@@ -437,9 +446,14 @@ class Meter:
             last = (times[-1] - r) / 1e6 if times else None
             gap_p50, gap_p99, gap_max = gaps_ms(times)
         conn = self.connection
-        pool_wait, dns, connect, tls, upstream_wait = (None,) * 5 if conn is None else conn.parts(sent, headers)
-        u = d.usage
-        out, source = u.output_tokens, "usage" if u.seen() else None
+        pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
+        u, limits = d.usage, dict(self._limits())
+        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
+                "reasoning_tokens": u.reasoning_tokens}
+        if (dropped := bounds.checked(told, limits)) is not None:  # numbers from outside enter the row here
+            parse_error = f"{parse_error}; {dropped}" if parse_error else dropped
+        out, source = told["output_tokens"], "usage" if u.seen() else None
         if out is None and self.chars:
             out, source = math.ceil(self.chars / 4), "estimated"
         row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
@@ -457,7 +471,7 @@ class Meter:
             "session_id": info.session_id,
             "request_model": info.request_model,
             "stream": True if self.is_stream else info.stream,  # what the wire did (SSE, WebSocket), else what was asked
-            "max_tokens": info.max_tokens,
+            "max_tokens": told["max_tokens"],
             "message_count": info.message_count,
             "request_bytes": self.request_bytes,
             "request_parse_error": self._clean(info.request_parse_error),
@@ -484,11 +498,11 @@ class Meter:
             "gap_max_ms": gap_max,
             "output_events": events,
             "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
-            "input_tokens": u.input_tokens,
+            "input_tokens": told["input_tokens"],
             "output_tokens": out,
-            "cache_read_tokens": u.cache_read_tokens,
-            "cache_creation_tokens": u.cache_creation_tokens,
-            "reasoning_tokens": u.reasoning_tokens,
+            "cache_read_tokens": told["cache_read_tokens"],
+            "cache_creation_tokens": told["cache_creation_tokens"],
+            "reasoning_tokens": told["reasoning_tokens"],
             "tokens_source": source,
             "kind": info.kind,
             "connection_reused": None if conn is None else conn.reused,
@@ -500,15 +514,18 @@ class Meter:
             "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
             "decode_ms": last - ttft if last is not None and ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
-            **self._limits(),
-            "tool_calls": self._tool_calls(end_ns) if d.tool_calls else None,
+            **limits,
+            "tool_calls": self._tool_calls(done) if d.tool_calls else None,
             "tool_results": info.tool_results,
+            "proxy_wait_ms": proxy_wait,
         }
+        bounds.text_checked(row)
         return row, self._chunk_rows()
 
     def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
         """The `tool_calls` column: each call's id, name and when its block ended (ms from arrival); a
-        whole body's calls end with it, a stream's call whose block never ended has none."""
+        whole body's calls end with it (`end_ns`, the response's end as e2e_ms has it), a stream's call
+        whose block never ended has none."""
         r, whole = self.received, not self.is_stream
         return [{"id": call_id, "name": name,
                  "ended_ms": (ended - r) / 1e6 if ended > 0 else (end_ns - r) / 1e6 if whole else None}

@@ -201,3 +201,12 @@ def m006_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
     names: docs/columns.md). Rows recorded before have none: they stay NULL."""
     con.execute("ALTER TABLE requests ADD COLUMN tool_calls STRUCT(id VARCHAR, name VARCHAR, ended_ms DOUBLE)[]")
     con.execute("ALTER TABLE requests ADD COLUMN tool_results STRUCT(id VARCHAR, name VARCHAR)[]")
+
+
+@migration
+def m007_proxy_wait(con: duckdb.DuckDBPyConnection) -> None:
+    """llmtap's own time inside the upstream's part of the breakdown (docs/breakdown-and-compare.md).
+    Rows recorded before had it inside connect_ms and upstream_wait_ms: theirs is 0 where they have
+    a breakdown, so their parts still add up, else NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN proxy_wait_ms DOUBLE")
+    con.execute("UPDATE requests SET proxy_wait_ms = 0 WHERE upstream_wait_ms IS NOT NULL OR connect_ms IS NOT NULL")

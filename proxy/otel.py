@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -71,6 +70,7 @@ else:
 
 from .metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TOKEN_TYPES
 from .prices import SUBSCRIPTION_KINDS, row_cost
+from .terminal_text import stderr_line
 
 INSTRUMENTATION = "llmtap"
 EXPORTER_LOGGER = "opentelemetry.exporter.otlp"  # the OTLP exporters log each retry below it
@@ -218,15 +218,11 @@ def _present(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None and v != ""}
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 class ExportHealth:
     """Whether export to the collector works, said once per change: a line when it starts failing (with
     the first reason), one when it works again. The OTLP exporters' own lines are dropped (`_ExportLog`)."""
 
-    def __init__(self, endpoint: str, report: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, endpoint: str, report: Callable[[str], None] = stderr_line) -> None:
         parts = urlsplit(endpoint)
         self.where = f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}"
         self.report = report
@@ -365,7 +361,7 @@ class OtelExporter:
         self.errors = 0
 
     @classmethod
-    def from_settings(cls, settings: OtelSettings, report: Callable[[str], None] = _stderr) -> "OtelExporter":
+    def from_settings(cls, settings: OtelSettings, report: Callable[[str], None] = stderr_line) -> "OtelExporter":
         """OTLP/HTTP exporters for spans (batched) and metrics (every export_interval_s); `report` gets the
         lines of ExportHealth."""
         _require()

@@ -17,6 +17,7 @@ The row keeps the numbers and times (`RATELIMIT_COLUMNS`), never the header bloc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -96,8 +97,7 @@ def parse(found: Mapping[str, str] | None, retry_after: str | None, retry_after_
         if reset is not None:
             row[f"ratelimit_{bucket}_reset"] = _time(reset)
         elif bucket in ("requests", "tokens") and (reset := get(f"x-ratelimit-reset-{bucket}")) is not None:
-            seconds = duration_seconds(reset)
-            row[f"ratelimit_{bucket}_reset"] = None if seconds is None else at + timedelta(seconds=seconds)
+            row[f"ratelimit_{bucket}_reset"] = _after(at, duration_seconds(reset))
     row["ratelimit_status"] = get(UNIFIED)
     for window in WINDOWS:
         prefix = f"anthropic-ratelimit-unified-{window}"
@@ -137,18 +137,30 @@ def retry_seconds(text: str, at: datetime) -> float | None:
 
 
 def _number(text: str | None) -> float | None:
+    """A header's number as sent, NaN, infinities and negatives too: its range is checked where it
+    enters the row (proxy/bounds.py), which says in `parse_error` what it dropped."""
     if text is None:
         return None
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         return None
-    return value if value == value and abs(value) != float("inf") else None
 
 
-def _int(text: str | None) -> int | None:
+def _int(text: str | None) -> int | float | None:
+    """A count: an integer, or the float itself when it is none (NaN, infinite), for bounds.py to drop."""
     value = _number(text)
-    return None if value is None or abs(value) >= 2**63 else int(value)
+    return value if value is None or not math.isfinite(value) else int(value)
+
+
+def _after(at: datetime, seconds: float | None) -> datetime | None:
+    """`seconds` after `at`; None when there is no such time (NaN, or past the year 9999)."""
+    if seconds is None:
+        return None
+    try:
+        return at + timedelta(seconds=seconds)
+    except (OverflowError, ValueError):
+        return None
 
 
 def _time(text: str) -> datetime | None:

@@ -13,7 +13,6 @@ fails costs its own metric, never a request.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -25,6 +24,7 @@ from .capture import make_meter
 from .config import ServeConfig
 from .meter import Meter
 from .schema import Outcome
+from .terminal_text import printable
 
 # An ended request's row is built together with those of the next few (`Recorder.record_ended`):
 # one after another, the meter's code and data stay in the CPU's caches, and measuring costs a
@@ -160,18 +160,10 @@ class Recorder:
                 pass
 
 
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: line breaks, terminal escapes
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(m: re.Match[str]) -> str:
-    return _ESCAPES.get(m[0]) or f"\\x{ord(m[0]):02x}"
-
-
 def log_line(row: dict[str, Any]) -> str:
     """One concise stderr line per request. A client's model name or path and an upstream's error
-    message can hold control characters: shown escaped (`\\n`, `\\x1b`), so that no request can
-    forge a line or drive the terminal (one regex search per line; a substitution only when present)."""
+    message can hold control characters: shown escaped (`\\n`, `\\u001b`: terminal_text.printable), so
+    that no request can forge a line or drive the terminal."""
     parts = [f"{row['method']} {row['path']}", str(row["status"] or "-"), row["outcome"]]
     if row.get("request_model"):
         parts.append(row["request_model"])
@@ -184,4 +176,4 @@ def log_line(row: dict[str, Any]) -> str:
     if row.get("error_message"):
         parts.append(f"error: {row['error_message'][:120]}")
     line = "llmtap: " + "  ".join(parts)
-    return _CONTROLS.sub(_escaped, line) if _CONTROLS.search(line) else line
+    return printable(line)

@@ -3,22 +3,20 @@ checks made before relaying (the guard, the admin token, the client key)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
 
+from .body_budget import BodyBudget
 from .config import ServeConfig
+from .fast_paths import FastPaths, probe
 from .guard import Guard
 from .looplag import LoopLag
 from .recorder import Recorder, log_observer
 from .routes import RouteTable
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+from .terminal_text import stderr_line
 
 
 @dataclass
@@ -26,21 +24,25 @@ class ProxyState:
     config: ServeConfig
     routes: RouteTable
     store: Any = None  # proxy.store.Store, or None when not recording
-    report: Callable[[str], None] = _stderr
+    report: Callable[[str], None] = stderr_line
     admin_token: str = field(default="", repr=False)  # the admin endpoint's secret (config.admin_token)
     client_key: str | None = field(default=None, repr=False)  # what clients present where a route injects a key
     guard: Guard = field(default_factory=lambda: Guard.build((), (), remote=False))  # web pages, Host names
     session: aiohttp.ClientSession = field(init=False)
     recorder: Recorder = field(init=False)  # every request's life: meters, in flight, rows to the observers
+    body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together
     metrics: Any = None  # proxy.metrics.PrometheusMetrics, served at GET /_llmtap/metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)
+    fast: FastPaths = field(default_factory=probe)  # which fast paths run (proxy/fast_paths.py)
     # serve --workers N (proxy/workers.py): the primary's supervisor of its workers (their health),
     # and in a worker the relay of /_llmtap/ requests to the primary
     workers: Any = None
     admin_relay: Any = None
+    admin_sql: Any = None  # proxy.admin_sql.AdminSql: the admin endpoint's query threads (with a store)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)
+        self.body_budget = BodyBudget(self.config.body_memory_bytes)
         if not self.config.quiet:
             self.recorder.observe(log_observer(self.report))
 

@@ -143,6 +143,7 @@ def compact(path: Path) -> tuple[int, int]:
     con = duck.connect(":memory:")
     try:
         with duck.private_umask():
+            duck.refuse_untrusted(path)  # ATTACH does not go through duck.connect
             for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
                 leftover.unlink(missing_ok=True)
             con.execute(f"ATTACH {_quote(path)} AS old_db")
@@ -163,6 +164,8 @@ def compact(path: Path) -> tuple[int, int]:
 
 def _cannot(path: Path, doing: str, exc: duckdb.Error) -> RetentionError:
     message = " ".join(str(exc).split())
+    if isinstance(exc, duck.UntrustedDatabase):
+        return RetentionError(message)
     if "lock" in message.lower():
         return RetentionError(f"another process holds {path} ({message}); stop it before you {doing} the file")
     return RetentionError(f"cannot {doing} {path}: {message}")

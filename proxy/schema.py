@@ -95,6 +95,10 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # from arrival), and the results the request carries that are new since the model last spoke
     ("tool_calls", TOOL_CALLS_TYPE),
     ("tool_results", TOOL_RESULTS_TYPE),
+    # llmtap's own time inside the upstream's part (m007): connect_ms and upstream_wait_ms less what
+    # the kernel saw of them (docs/breakdown-and-compare.md); with it
+    # proxy_overhead + pool_wait + dns + connect + tls + upstream_wait + proxy_wait = upstream_headers_ms
+    ("proxy_wait_ms", "DOUBLE"),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")

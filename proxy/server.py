@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import ipaddress
@@ -10,12 +11,14 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
 
-from . import running
+from . import fast_paths, running
+from .admin_sql import AdminSql
 from .app import HTTP_LIMITS, make_app, routes_banner
 from .arrival import Runner
 from .client_key import client_key
@@ -26,7 +29,8 @@ from . import prices
 from .metrics import METRICS_NAMES, PrometheusMetrics
 from .otel import OtelExporter, OtelSettings, OtelUnavailable
 from .recorder import on_rows, store_observer
-from .relay_state import ProxyState, _stderr
+from .relay_state import ProxyState
+from .terminal_text import stderr_line
 from .store import QuerySetup, Store
 
 
@@ -72,7 +76,7 @@ class RunningProxy:
 
     default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
 
-    def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = _stderr,
+    def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
                  worker: tuple[str, str | None] | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
@@ -95,8 +99,13 @@ class RunningProxy:
             self.store.query_setup = query_setup or self.default_query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
+        try:
+            fast = fast_paths.probe()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.admin_sql = AdminSql(config.sql_timeout_s) if self.store is not None else None
         self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=token, client_key=key,
+                                admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
                                 guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                   remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
@@ -140,8 +149,8 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
-        self.runner = Runner(make_app(self.state), auto_decompress=False, handler_cancellation=True,
-                                    access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
+                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
         await self.runner.setup()
         try:
             await self._listen()
@@ -185,7 +194,7 @@ class RunningProxy:
         self.state.recorder.record_ended()
         if self.store is None:
             return True
-        return await asyncio.get_running_loop().run_in_executor(None, self.store.flush, timeout)
+        return await in_own_thread(self.store.flush, timeout)
 
     async def stop_serving(self) -> None:
         """Stop listening; handlers still running end here, and record their requests."""
@@ -194,13 +203,38 @@ class RunningProxy:
             await runner.cleanup()
 
     async def aclose(self) -> None:
+        """Admin queries are interrupted first (their handlers then end at once); the store closes in
+        a thread of its own, never behind anything in the loop's default executor."""
+        if self.admin_sql is not None:
+            self.admin_sql.close()
         await self.stop_serving()
         self.state.recorder.record_ended()
         if self.store is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+            await in_own_thread(self.store.close)
         if self.otel is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.otel.shutdown)
+            await in_own_thread(self.otel.shutdown)
             self.otel = None
+
+
+async def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a new daemon thread: the shutdown path waits on nothing else's threads."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def target() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - raised in the awaiting coroutine
+            result = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits
+            loop.call_soon_threadsafe(settle, *result)
+
+    threading.Thread(target=target, name=f"llmtap-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await done
 
 
 def _refuse_taken(host: str, port: int, required: bool) -> None:
@@ -246,7 +280,7 @@ def tune_runtime() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _stderr,
+async def serve_forever(config: ServeConfig, report: Callable[[str], None] = stderr_line,
                         query_setup: QuerySetup | None = None, workers: int = 1) -> None:
     """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed.
 
@@ -277,6 +311,8 @@ async def serve_forever(config: ServeConfig, report: Callable[[str], None] = _st
             report(f"  (on {' and '.join(proxy.listening)}, port {proxy.port})")
         if warning := remote_warning(config):
             report(warning)
+        if note := proxy.state.fast.refusal_note():
+            report(note)
         if pool is not None:
             report(f"  {workers} processes: this one (pid {os.getpid()}, the database) and workers "
                    f"{', '.join(map(str, pool.pids()))}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -26,9 +25,11 @@ from typing import Any
 
 import duckdb
 
-from . import duck, retention
+from . import duck, retention, sql_filter
+from .query_limits import QueryStop, QueryStopped, fetch_capped
 from .batch import BODIES, CHUNKS, REQUESTS, Table
 from .migrations import migrate
+from .terminal_text import stderr_line
 
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
@@ -58,7 +59,7 @@ _DATA_ERRORS: tuple[type[BaseException], ...] = (
     AttributeError,
 )
 
-READ_ONLY = "only read-only queries (one SELECT, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN) run through the proxy"
+READ_ONLY = sql_filter.READ_ONLY
 
 
 class StoreError(Exception):
@@ -81,8 +82,7 @@ Unit = list[tuple[Table, list[Any]]]  # written in one transaction
 QuerySetup = Callable[[duckdb.DuckDBPyConnection], None]
 
 
-def _print_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+_print_stderr = stderr_line
 
 
 class Store:
@@ -511,33 +511,47 @@ class Store:
     # -- queries while serving -------------------------------------------------
 
     def query(
-        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000
+        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000, *,
+        max_bytes: int | None = None, stop: QueryStop | None = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        """Run one read-only statement: (column names, DuckDB type names, at most max_rows rows)."""
-        _check_read_only(sql)
+        """Run one read-only statement (sql_filter.check): (column names, DuckDB type names, at most
+        max_rows rows). `max_bytes`: the answer's rows as JSON are at most this long, else
+        ResultTooLarge. `stop`: another thread may stop the query with it (QueryStop.stop)."""
         with self._con_lock:
             if self._con is None:
                 raise StoreError("the database is not open (it is reopened after a write error; try again)")
             cur = self._con.cursor()
         try:
-            return self._run_query(cur, sql, params, max_rows)
+            if stop is not None:
+                stop.attach(cur)
+            sql_filter.check(sql, cur)
+            return self._run_query(cur, sql, params, max_rows, max_bytes, stop)
+        except sql_filter.Refused as exc:
+            raise StoreError(str(exc)) from None
         except duckdb.Error as exc:
+            if stop is not None and stop.reason is not None:
+                raise QueryStopped(stop.reason) from None
             read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
             raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
         finally:
+            if stop is not None:
+                stop.detach()
             with contextlib.suppress(duckdb.Error):
                 cur.close()
 
     def _run_query(
-        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int
+        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,
+        max_bytes: int | None = None, stop: QueryStop | None = None,
     ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         if self.query_setup is not None:
             self.query_setup(cur)
         cur.execute("BEGIN TRANSACTION READ ONLY")
         try:
+            if stop is not None:
+                stop.check()
             cur.execute(sql, params)
             description = cur.description or []
-            rows = cur.fetchmany(max_rows) if description else []
+            rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
         finally:
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
@@ -554,16 +568,6 @@ def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
         return []
     mid = len(rows) // 2
     return [[(table, rows[:mid])], [(table, rows[mid:])]]
-
-
-def _check_read_only(sql: str) -> None:
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise StoreError(str(exc)) from exc
-    allowed = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-    if len(statements) != 1 or statements[0].type not in allowed:
-        raise StoreError(READ_ONLY)
 
 
 def open_readonly(path: str | Path) -> duckdb.DuckDBPyConnection:
@@ -596,6 +600,8 @@ _LOCK_HOLDER = re.compile(r"held in (?P<holder>.+?) \(PID (?P<pid>\d+)\)")
 
 def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
     message = _one_line(exc)
+    if isinstance(exc, duck.UntrustedDatabase):
+        return StoreError(message)
     if "Could not set lock" in message:
         m = _LOCK_HOLDER.search(message)
         return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)

@@ -62,6 +62,7 @@ from aiohttp import web
 from . import admin, running, spill
 from .recorder import Finished
 from .row_channel import Channel
+from .terminal_text import stderr_line
 
 SHIP_DELAY_S = 0.02  # the longest a finished request waits in a worker before it is sent
 SHIP_BATCH = 512  # requests per message at most
@@ -75,8 +76,7 @@ VIA_HEADER = "X-Llmtap-Worker"  # on admin answers a worker relayed from the pri
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
 
-def _report(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+_report = stderr_line
 
 
 # -- the primary's side -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Real sockets for the channels; synthetic rows (seeded) for the statistics' edge 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
+from .analysis_fixture import build_fixture_db
 from .conftest import proxy_config
 
 FAST = {"ttft_ms": 5, "itl_ms": 1, "tokens": 6, "prefill_us_per_token": 0}
@@ -93,9 +95,79 @@ def test_the_table_says_it_in_words(channels: Path) -> None:
     assert result.exit_code == 0, result.output
     text = result.output
     assert "/b against /a" in text and "/c against /a" in text  # the busiest first; all three have 20
-    assert "TTFT  /b is slower: +15" in text and "In short: /b is +15" in text
+    said = re.search(r"TTFT  /b is slower: \+([\d.]+) ms at p50", text)
+    short = re.search(r"In short: /b is \+([\d.]+) ms", text)
+    assert said and short, text  # the measured difference, as a number: within the channel's jitter
+    assert float(said[1]) == pytest.approx(SLOWER_BY, abs=10) and float(short[1]) == float(said[1])
     assert "ms of it before response headers" in text
     assert "TTFT  cannot tell /c from /a" in text
+
+
+# -- prompts of different lengths, through the real proxy ---------------------------------------
+
+PREFILL = {"ttft_ms": 5, "itl_ms": 1, "tokens": 4, "prefill_us_per_token": 20}  # 0.02 ms an input token
+MIX_ROUNDS = 30
+A_PROMPTS, B_PROMPTS = (1_000, 3_000), (2_000, 6_000)  # input tokens
+SLOWER_BY_20 = 20
+
+
+def prompt(tokens: int) -> dict:
+    """A chat request of exactly `tokens` input tokens as the simulator counts them (4 characters each)."""
+    return CHAT | {"messages": [{"role": "user", "content": "abc " * tokens}]}
+
+
+@pytest.fixture(scope="module")
+def prompt_mixes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """/short: prompts of 1k-3k input tokens; /long: 2k-6k to the same channel (the same speed per
+    token); /long-slow: 2k-6k to one whose headers come 20 ms later. Each round sends one of each at
+    once, so a busy machine falls on every route alike."""
+    import asyncio
+
+    db = tmp_path_factory.mktemp("mixes") / "llmtap.duckdb"
+    rng = np.random.default_rng(26)
+
+    async def record() -> None:
+        async with Simulator(SimConfig(**PREFILL)) as same, \
+                Simulator(SimConfig(**PREFILL, headers_delay_ms=SLOWER_BY_20)) as slow:
+            routes = {"/short": same.url, "/long": same.url, "/long-slow": slow.url}
+            async with RunningProxy(proxy_config(same.url, db.parent, routes=routes)) as p, \
+                    aiohttp.ClientSession() as s:
+                async def send(route: str, tokens: int) -> None:
+                    async with s.post(p.url + route + "/v1/chat/completions", json=prompt(tokens)) as r:
+                        assert r.status == 200
+                        await r.read()
+
+                for _ in range(MIX_ROUNDS):
+                    long = int(rng.integers(*B_PROMPTS))
+                    await asyncio.gather(send("/short", int(rng.integers(*A_PROMPTS))), send("/long", long),
+                                         send("/long-slow", long))
+                assert p.flush(10)
+
+    asyncio.run(record())
+    return db
+
+
+def test_longer_prompts_at_the_same_speed_are_not_a_slower_channel(prompt_mixes: Path) -> None:
+    """/long's prompts are twice /short's; its TTFT median is ~40 ms more, all of it prefill. Compared
+    at a length both send, the difference is within the loop's jitter (power-of-two buckets said
+    ~+11 ms: inside a bucket /long's prompts are longer)."""
+    out = run_compare(prompt_mixes, "--by", "route", "/short", "/long")
+    medians = {g["label"]: g["ttft"]["p50_ms"] for g in out["groups"]}
+    assert medians["/long"] - medians["/short"] > 20
+    d = diff(out, "ttft", "/long")
+    assert d["n"] == d["n_baseline"] == MIX_ROUNDS
+    low, high = d["shared_inputs"]
+    assert A_PROMPTS[0] < B_PROMPTS[0] <= low <= d["at_input_tokens"] <= high <= A_PROMPTS[1]
+    assert all(s == pytest.approx(20, abs=8) for s in d["slopes_ms_per_1k_tokens"])  # the simulator's prefill
+    assert abs(d["median_diff_ms"]) < 5, d
+
+
+def test_a_20_ms_slower_channel_with_longer_prompts_is_found(prompt_mixes: Path) -> None:
+    out = run_compare(prompt_mixes, "--by", "route", "/short", "/long-slow")
+    d = diff(out, "ttft", "/long-slow")
+    assert d["call"] == "slower" and d["verdict"].startswith("/long-slow is slower: +"), d
+    assert d["median_diff_ms"] == pytest.approx(SLOWER_BY_20, abs=6)
+    assert d["ci_low_ms"] - 5 <= SLOWER_BY_20 <= d["ci_high_ms"] + 5, d
 
 
 # -- synthetic rows: the statistics alone ---------------------------------------------------------
@@ -126,7 +198,7 @@ def prefill_rows(route: str, sizes: list[int], rng: np.random.Generator, extra_m
 
 def test_prompt_size_is_controlled_for(tmp_path: Path) -> None:
     """/small gets mostly short prompts, /large mostly long ones, from the same channel: the plain
-    medians differ by ~270 ms, within input-token buckets nothing does."""
+    medians differ by ~270 ms, at a shared input length nothing does."""
     rng = np.random.default_rng(1)
     small = [300] * 60 + [3000] * 15
     large = [300] * 15 + [3000] * 60
@@ -135,8 +207,77 @@ def test_prompt_size_is_controlled_for(tmp_path: Path) -> None:
     medians = {g["label"]: g["ttft"]["p50_ms"] for g in out["groups"]}
     assert medians["/large"] - medians["/small"] > 200
     d = diff(out, "ttft", "/large")
-    assert d["buckets"] == 2 and d["n"] == d["n_baseline"] == 75
-    assert abs(d["median_diff_ms"]) < 3 and d["verdict"].startswith("cannot tell")
+    assert d["n"] == d["n_baseline"] == 75 and d["shared_inputs"] == [300, 3000]
+    assert all(s == pytest.approx(100, abs=5) for s in d["slopes_ms_per_1k_tokens"])  # 0.1 ms a token
+    assert abs(d["median_diff_ms"]) < 3 and d["call"] == "cannot tell"
+
+
+def channel_rows(route: str, rng: np.random.Generator, n: int, prompts: tuple[int, int], extra_ms: float = 0.0,
+                 counted: bool = True) -> list[dict]:
+    """The calibration's channel (benchmarks/compare_calibration.py): TTFT = 400 ms + 0.05 ms per
+    input token (+ extra_ms), noise with a heavy tail; prompts uniform over `prompts`."""
+    sizes = rng.integers(prompts[0], prompts[1] + 1, size=n)
+    ttft = 400 + 0.05 * sizes + extra_ms + 10 * rng.standard_t(3, size=n) + (rng.random(n) < 0.05) * 300
+    return [{"route": route, "input_tokens": int(x) if counted else None, "ttft_ms": float(t),
+             "e2e_ms": float(t) + 200, "tpot_ms": 5.0} for x, t in zip(sizes, ttft)]
+
+
+def test_shifted_prompt_mixes_at_the_same_speed_are_not_called_different(tmp_path: Path) -> None:
+    """The case buckets got wrong (issue #26: B called slower, +27 ms, at any n): /a's prompts 1k-3k
+    input tokens, /b's 2k-6k, the same channel. At a shared input length the difference is ~0."""
+    rng = np.random.default_rng(5)
+    rows = channel_rows("/a", rng, 300, (1_000, 3_000)) + channel_rows("/b", rng, 300, (2_000, 6_000))
+    out = run_compare(synthetic_db(tmp_path / "m.duckdb", rows), "--by", "route", "/a", "/b")
+    for metric in ("ttft", "e2e"):
+        d = diff(out, metric, "/b")
+        assert d["call"] == "cannot tell" and d["verdict"].startswith("cannot tell /b from /a"), d
+        assert d["ci_low_ms"] < 0 < d["ci_high_ms"] and abs(d["median_diff_ms"]) < 5, d
+        assert all(s == pytest.approx(50, abs=5) for s in d["slopes_ms_per_1k_tokens"])  # 0.05 ms a token
+        assert 2_000 < d["at_input_tokens"] < 3_000
+
+
+def test_a_20_ms_difference_with_shifted_prompts_is_found(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    rows = channel_rows("/a", rng, 300, (1_000, 3_000)) + channel_rows("/b", rng, 300, (2_000, 6_000), extra_ms=20)
+    out = run_compare(synthetic_db(tmp_path / "d.duckdb", rows), "--by", "route", "/a", "/b")
+    d = diff(out, "ttft", "/b")
+    assert d["call"] == "slower" and d["ci_low_ms"] <= 20 <= d["ci_high_ms"], d
+    assert d["median_diff_ms"] == pytest.approx(20, abs=5)
+
+
+def test_the_words_when_sides_cannot_be_compared(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    rows = (channel_rows("/short", rng, 40, (1_000, 2_000)) + channel_rows("/long", rng, 40, (8_000, 12_000))
+            + channel_rows("/few", rng, 4, (1_000, 2_000)) + channel_rows("/uncounted", rng, 40, (1_000, 2_000),
+                                                                          counted=False))
+    db = synthetic_db(tmp_path / "w.duckdb", rows)
+    far = run_compare(db, "--by", "route", "/short", "/long")
+    for d in far["differences"]:
+        assert d["call"] == "cannot compare" and d["median_diff_ms"] is None and d["ci_low_ms"] is None
+        assert d["verdict"].startswith("cannot compare: their prompts share no input length (/short's 1,")
+        assert "/long's 8," in d["verdict"] and "--where 'input_tokens BETWEEN" in d["verdict"]
+    few = diff(run_compare(db, "--by", "route", "/short", "/few"), "ttft", "/few")
+    assert few["verdict"] == "cannot compare: too few streamed requests (/few has 4; 10 needed on each side)"
+    uncounted = diff(run_compare(db, "--by", "route", "/short", "/uncounted"), "ttft", "/uncounted")
+    assert uncounted["call"] == "cannot tell" and uncounted["at_input_tokens"] is None
+    assert uncounted["verdict"].endswith("; not adjusted for input length (requests with input-token counts: "
+                                         "/uncounted: 0 of 40)")
+    table = CliRunner().invoke(compare_command, ["--db", str(db), "--by", "route", "/short", "/long"])
+    assert table.exit_code == 0 and "/long against /short" in table.output
+    assert table.output.count("cannot compare: their prompts share no input length") == 1  # said once for all three
+
+
+def test_daily_traffic_by_tool_says_each_side_needs_10_requests(tmp_path: Path) -> None:
+    """The fixture's day of claude-code, codex, cline, ...: too few successful generations each."""
+    build_fixture_db(tmp_path / "f.duckdb")
+    result = CliRunner().invoke(compare_command, ["--db", str(tmp_path / "f.duckdb"), "--by", "tool"])
+    assert result.exit_code != 0
+    assert ("compare --by tool needs two sides with 10+ successful requests each; found 0; "
+            "too few: claude-code (8), codex (3), cline (2)") in result.output
+    given = run_compare(tmp_path / "f.duckdb", "--by", "tool", "claude-code", "codex")
+    verdicts = {d["metric"]: d["verdict"] for d in given["differences"]}
+    assert verdicts["ttft"] == ("cannot compare: too few streamed requests (claude-code has 6; codex has 3; "
+                                "10 needed on each side)")
 
 
 def test_a_small_noisy_sample_says_how_many_more_would_tell(tmp_path: Path) -> None:
@@ -167,9 +308,16 @@ def test_usage_errors_say_what_to_give(tmp_path: Path) -> None:
     runner = CliRunner()
     assert "give one of --by" in runner.invoke(compare_command, ["--db", str(db)]).output
     one = runner.invoke(compare_command, ["--db", str(db), "--by", "route"])
-    assert one.exit_code != 0 and "two sides or more; found 1 (/x)" in one.output
+    assert one.exit_code != 0 and "needs two sides with 10+ successful requests each; found 1 (/x)" in one.output
     missing = runner.invoke(compare_command, ["--db", str(db), "--by", "route", "/x", "/nope"])
     assert missing.exit_code != 0 and "no successful requests match /nope" in missing.output
+
+
+def test_the_cli_and_the_library_ask_the_same_requests_of_a_side() -> None:
+    from analysis import compare as library
+    from analysis import compare_cli
+
+    assert compare_cli.MIN_REQUESTS == library.MIN_REQUESTS
 
 
 def test_compare_reads_the_views_of_a_source() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.config import ConfigError, ServeConfig
@@ -12,6 +13,7 @@ from proxy.fingerprint import secret_fingerprint
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
+from .faultkit import body_of, raw_exchange, status_of
 from .upstreams import Script, ScriptedUpstream
 
 REAL = "sk-real-upstream-key-0123456789"
@@ -45,7 +47,7 @@ async def test_injected_key_replaces_the_clients(tmp_path: Path, monkeypatch: py
     assert sent[header] == value
     assert client_key not in str(up.received[0].headers)
     assert [r["status"] for r in found] == [200, 401]
-    assert found[1]["error_type"] == "invalid_client_key" and found[1]["route"] == ""
+    assert found[1]["error_type"] == "invalid_client_key" and found[1]["route"] == "/p"  # the route it was for
     assert found[0]["key_fingerprint"] == secret_fingerprint(REAL)
 
 
@@ -84,3 +86,67 @@ async def test_admin_token_required_when_set(tmp_path: Path) -> None:
                     assert r.status == 200
                 async with s.get(p.url + "/_llmtap/health", headers={"Authorization": "Bearer t0k"}) as r:
                     assert r.status == 200
+
+
+# -- bytes that are not UTF-8 where a secret goes; the client key in the query -----------------------------
+
+
+@pytest.mark.parametrize("path,header,shape", [
+    ("/v1/chat/completions", b"Authorization: Bearer sk-\xff\xfe", "openai"),
+    ("/v1/messages", b"x-api-key: \xc3\x28\xff", "anthropic"),
+    ("/v1beta/models/g:generateContent", b"x-goog-api-key: \x80key", "gemini"),
+])
+async def test_a_credential_that_is_not_utf8_gets_the_apis_401_with_a_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, header: bytes, shape: str) -> None:
+    """Raw bytes (aiohttp's clients would not send them): a 401 in the API's shape, never a 500."""
+    monkeypatch.setenv("REAL_KEY", REAL)
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        config = proxy_config(None, tmp_path, routes={"/p": up.url}, route_key_env={"/p": "REAL_KEY"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            request = (b"POST /p" + path.encode() + b" HTTP/1.1\r\nHost: localhost\r\n" + header
+                       + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            response = await raw_exchange(p.port, request)
+            found = rows(p)
+    assert status_of(response) == 401, response
+    error = orjson.loads(body_of(response))
+    if shape == "anthropic":
+        assert error["type"] == "error" and error["error"]["type"] == "authentication_error"
+    elif shape == "gemini":
+        assert error["error"]["code"] == 401 and error["error"]["status"] == "UNAUTHENTICATED"
+    else:
+        assert error["error"]["code"] == "invalid_client_key"
+    assert up.received == []
+    assert [(r["status"], r["error_type"], r["route"]) for r in found] == [(401, "invalid_client_key", "/p")]
+
+
+@pytest.mark.parametrize("header", [b"X-Llmtap-Admin-Token: \xff\xfe", b"Authorization: Bearer t0k\xff"])
+async def test_an_admin_token_that_is_not_utf8_gets_a_403_with_a_row(tmp_path: Path, header: bytes) -> None:
+    async with RunningProxy(proxy_config("http://127.0.0.1:9", tmp_path, admin_token="t0k")) as p:
+        request = b"GET /_llmtap/health HTTP/1.1\r\nHost: localhost\r\n" + header + b"\r\nConnection: close\r\n\r\n"
+        response = await raw_exchange(p.port, request)
+        found = rows(p)
+    assert status_of(response) == 403, response
+    assert "forbidden" in orjson.loads(body_of(response))["error"]
+    assert [(r["status"], r["error_type"], r["path"]) for r in found] == [(403, "admin_forbidden", "/_llmtap/health")]
+
+
+async def test_the_client_key_given_as_key_in_the_query_is_not_sent_upstream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemini's `?key=`: accepted as the client key, and the upstream gets only the injected key, the rest
+    of the query byte for byte."""
+    monkeypatch.setenv("REAL_KEY", REAL)
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        config = proxy_config(None, tmp_path, routes={"/p": up.url}, route_key_env={"/p": "REAL_KEY"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            client_key = p.state.client_key
+            path = "/v1beta/models/g:streamGenerateContent"
+            for query in (f"alt=sse&key={client_key}&x=%2F+y", f"key={client_key}", f"k%65y={client_key}&alt=sse"):
+                request = (f"POST /p{path}?{query} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
+                           "Connection: close\r\n\r\n{}").encode()
+                assert status_of(await raw_exchange(p.port, request)) == 200
+            found = rows(p)
+    assert [r.path_qs for r in up.received] == [f"{path}?alt=sse&x=%2F+y", path, f"{path}?alt=sse"]
+    for received in up.received:
+        assert client_key not in str(received.headers) and client_key not in received.path_qs
+        assert ("x-goog-api-key", REAL) in [(k.lower(), v) for k, v in received.headers]
+    assert [r["status"] for r in found] == [200, 200, 200]

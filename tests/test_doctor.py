@@ -7,6 +7,8 @@ import os
 import socket
 from pathlib import Path
 
+import aiohttp
+
 from proxy import paths
 from proxy.fingerprint import key_fingerprint
 from proxy.server import RunningProxy, write_state
@@ -45,7 +47,7 @@ async def test_environment_problems_fail_with_their_fix_and_keys_stay_secret(sim
     assert f"FAIL  OPENAI_BASE_URL=http://127.0.0.1:{dead}: lacks /v1" in out
     assert f"      fix: set it to http://127.0.0.1:{dead}/v1" in lines
     assert key not in out and "sk-proj-abcdef" not in out and "pw" not in out
-    assert lines[-1] == "5 FAIL, 0 WARN, 5 OK"
+    assert lines[-1] == "5 FAIL, 0 WARN, 6 OK"
 
 
 async def test_all_ok_with_a_running_proxy(sim: Simulator, tmp_path: Path) -> None:
@@ -63,11 +65,12 @@ OK    OPENAI_API_KEY (7 chars, {key_fingerprint({"x-api-key": "sk-test"})}): wel
 OK    ANTHROPIC_BASE_URL=http://127.0.0.1:{port}: goes through the running llmtap serve
 OK    OPENAI_BASE_URL=http://127.0.0.1:{port}/v1: goes through the running llmtap serve
 OK    llmtap serve: running at http://127.0.0.1:{port} (pid {pid}), recording to {db}
+OK    fast paths: body_pipe, arrival, headers_later, conn_timing on in the running llmtap serve (aiohttp {aiohttp.__version__})
 OK    port {port} on 127.0.0.1: used by the running llmtap serve
 OK    database {db}: held by the running llmtap serve (pid {pid}); llmtap sql/report query it through it
 OK    upstream http://127.0.0.1:{sim_port}: TCP: connected to 127.0.0.1:{sim_port}
 OK    upstream http://127.0.0.1:{sim_port}: GET /v1/models with OPENAI_API_KEY: 200 (key accepted)
-0 FAIL, 0 WARN, 9 OK
+0 FAIL, 0 WARN, 10 OK
 """
 
 

@@ -15,6 +15,7 @@ from yarl import URL
 from proxy.server import RunningProxy
 
 from .conftest import proxy_config, rows
+from .fast_path_skips import needs
 from .upstreams import Script, ScriptedUpstream
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate"}
@@ -232,6 +233,7 @@ async def test_websocket_upgrade_refused_upstream(tmp_path: Path) -> None:
     assert recorded[0]["outcome"] == "http_error" and recorded[0]["error_type"] == "websocket_refused"
 
 
+@needs("arrival")  # the public path's clock starts at the handler, after the headers
 async def test_a_request_arrives_at_its_first_byte(proxy: RunningProxy) -> None:
     """aiohttp starts the handler once the headers are parsed: a client that sends them in two parts,
     300 ms apart, has waited those 300 ms, and the row's clock starts at the first byte (#21)."""

@@ -193,3 +193,5 @@ async def test_status_through_the_serve_that_holds_it(tmp_path: Path):
     assert done.exit_code == 0, done.output
     assert "requests  20" in done.output and "chunks    100" in done.output
     assert f"proxy     llmtap serve (PID {serve.proc.pid}) at {serve.base} records to this file" in done.output
+    fast = next(line for line in done.output.splitlines() if line.startswith("fast      "))  # proxy/fast_paths.py
+    assert "body_pipe" in fast and f"(aiohttp {aiohttp.__version__})" in fast

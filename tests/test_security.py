@@ -238,8 +238,8 @@ async def test_log_lines_show_control_characters_escaped(tmp_path: Path) -> None
     assert len(logged) == 2, lines
     for line in logged:
         assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in line), repr(line)
-        assert "m\\r\\nllmtap: POST /v1/forged  200  ok\\x1b[2J\\x00\\x85" in line, line
-        assert "error: no model\\r\\nllmtap: GET /v1/forged  200  ok\\x1b]0;owned\\x07" in line, line
+        assert "m\\r\\nllmtap: POST /v1/forged  200  ok\\u001b[2J\\u0000\\u0085" in line, line
+        assert "error: no model\\r\\nllmtap: GET /v1/forged  200  ok\\u001b]0;owned\\u0007" in line, line
 
 
 # -- every path leaves a row; no `..` however encoded ----------------------------------------------------------
@@ -271,6 +271,27 @@ async def test_every_path_leaves_a_row_whatever_its_bytes(tmp_path: Path) -> Non
     assert [r.split(b"\r\n", 1)[0] for r in up.requests] == [
         b"GET /base/v1/a%0ab HTTP/1.1", b"GET /base/v1/a%0Db%0A HTTP/1.1", b"GET /base/v1/a%0d%0aX-Injected:%20yes HTTP/1.1"]
     assert not any(b"\r\nX-Injected" in r for r in up.requests)
+
+
+async def test_header_bytes_that_are_not_utf8_leave_rows_and_clear_refusals(tmp_path: Path) -> None:
+    """`Origin`, `Sec-Fetch-Site` or `Host` with a byte that is not UTF-8: a 403 in the API's shape
+    (its message quotes the header: the byte shown as U+FFFD), never a 500; a `User-Agent` with one:
+    relayed. A row each way (such text had made the store reject the row)."""
+    async with RawUpstream(answer_ok) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            cases = {b"Host: localhost\r\nOrigin: http://evil\xff.example": 403,
+                     b"Host: localhost\r\nSec-Fetch-Site: cross\xfe": 403,
+                     b"Host: evil\xff.example.com": 403, b"Host: localhost\r\nUser-Agent: tool\xff/1": 200}
+            for headers, status in cases.items():
+                response = await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\n" + headers
+                                              + b"\r\nConnection: close\r\n\r\n", timeout=3)
+                assert status_of(response) == status, (headers, response[:300])
+                if status == 403:
+                    assert "\ufffd" in orjson.loads(body_of(response))["error"]["message"]
+            found = rows(p, "SELECT status, error_type, error_message, user_agent FROM requests ORDER BY started_at")
+    assert [(r["status"], r["error_type"]) for r in found] == [(403, "refused_web_page")] * 3 + [(200, None)]
+    assert "(Origin http://evil\ufffd.example)" in found[0]["error_message"]
+    assert found[3]["user_agent"] == "tool\ufffd/1"
 
 
 CLIMBS = [

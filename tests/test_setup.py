@@ -17,6 +17,7 @@ from proxy.connect.cli import setup
 from proxy.connect.toml_edit import TomlEditError, set_key_and_table
 
 from .conftest import proxy_config
+from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
 
 URL = "http://127.0.0.1:9911"
 
@@ -73,7 +74,7 @@ def test_claude_code_write_merges_backs_up_and_is_idempotent(tmp_path: Path) -> 
     code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write")
     assert code == 0, out
     [backup] = backups(settings)
-    assert out.splitlines()[-1] == f"wrote {settings} (backup: {backup})"
+    assert out.splitlines()[-1] == f"wrote {settings} (owner-only backup: {backup})"
     assert json.loads(backup.read_text()) == old
     assert json.loads(settings.read_text()) == {
         "model": "opus", "env": {"FOO": "1", "ANTHROPIC_BASE_URL": URL}, "permissions": {"allow": ["Bash(ls)"]}}
@@ -89,7 +90,7 @@ def test_claude_config_dir_is_respected(tmp_path: Path) -> None:
     code, out = invoke(tmp_path, "claude-code", "--base-url", URL, "--write",
                        env={"CLAUDE_CONFIG_DIR": str(config_dir)})
     assert code == 0, out
-    assert out.splitlines()[-1] == f"wrote {config_dir / 'settings.json'} (new file)"
+    assert out.splitlines()[-1] == f"wrote {config_dir / 'settings.json'} (new file, owner-only)"
     assert json.loads((config_dir / "settings.json").read_text()) == {"env": {"ANTHROPIC_BASE_URL": URL}}
 
 
@@ -291,3 +292,41 @@ async def test_where_the_proxy_injects_the_key_each_tool_gets_the_client_key(
     assert f"export OPENAI_API_KEY={key}" in sdk.splitlines() and f"export ANTHROPIC_API_KEY={key}" in anthropic_sdk
     assert len(up.received) == 4 and all("sk-real-upstream-key" in str(r.headers) for r in up.received)
     assert all(key not in str(r.headers) for r in up.received)
+
+
+@pytest.mark.parametrize("tool", ["claude-code", "codex", "cline"])
+def test_a_config_given_the_client_key_is_owner_only_and_so_are_its_backups(
+        tool: str, other_user, open_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Unix user could read settings.json (0644, as Claude Code leaves it) once setup had
+    written llmtap's client key into it, and sent that key through the proxy. Now the file and its
+    backup are 0600, and the output says which file was tightened."""
+    from proxy.client_key import client_key
+
+    from .other_user import can_read
+
+    config = tmp_path / "config.toml"
+    config.write_text('upstream_key_env = "REAL_KEY"\n')
+    monkeypatch.setenv("LLMTAP_CONFIG", str(config))
+    files = {"claude-code": (open_dir / ".claude" / "settings.json", '{"model": "opus"}\n'),
+             "codex": (open_dir / ".codex" / "config.toml", 'model = "gpt-5"\n'),
+             "cline": (open_dir / ".cline" / "data" / "settings" / "providers.json", '{"version": 1}\n')}
+    path, old = files[tool]
+    path.parent.mkdir(parents=True)
+    path.write_text(old)
+    path.chmod(0o644)
+    earlier = path.with_name(path.name + ".llmtap-backup-20260101T000000Z")  # an earlier run's
+    earlier.write_text(old)
+    earlier.chmod(0o644)
+    assert can_read(other_user, path)  # the other user reaches it: only the mode can stop them
+    code, out = invoke(open_dir, tool, "--base-url", URL, "--write")
+    assert code == 0, out
+    assert client_key() in path.read_text()
+    new_backup = next(b for b in backups(path) if b != earlier)
+    for f in (path, new_backup, earlier):
+        assert f.stat().st_mode & 0o777 == 0o600, f
+        assert not can_read(other_user, f), f
+    assert f"{path} was readable by others (0644): now 0600, owner-only, as it holds llmtap's client key" in out
+    assert f"{earlier} was readable by others (0644)" in out
+    path.chmod(0o644)  # unchanged content: nothing written, but still made owner-only
+    code, out = invoke(open_dir, tool, "--base-url", URL, "--write")
+    assert "nothing written" in out and path.stat().st_mode & 0o777 == 0o600

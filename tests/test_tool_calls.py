@@ -15,6 +15,7 @@ from proxy.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows
+from .upstreams import Script, ScriptedUpstream
 
 PROMPT = "x" * 200
 GEMINI = "/v1beta/models/gemini-x:generateContent"
@@ -147,3 +148,18 @@ async def test_a_malformed_history_costs_the_column_not_the_row(proxy: RunningPr
     row = rows(proxy)[0]
     assert row["tool_results"] is None and row["outcome"] == "ok"
     assert row["request_parse_error"].startswith("tool results:") and row["request_model"] == "g"
+
+
+async def test_a_tool_name_no_utf8_can_hold_costs_the_column_not_the_row(tmp_path: Path) -> None:
+    """An upstream's JSON escaping a lone surrogate (`\\ud800`) in a call's name: no UTF-8 column could
+    hold it (the store would refuse the row). The body is relayed as sent; the row stays, without the
+    calls, and says why."""
+    body = (b'{"id":"msg_1","type":"message","role":"assistant","model":"c","content":[{"type":"tool_use",'
+            b'"id":"toolu_\\ud800","name":"Ba\\udc80sh","input":{}}],"stop_reason":"tool_use",'
+            b'"usage":{"input_tokens":3,"output_tokens":2}}')
+    script = Script(headers=[("Content-Type", "application/json")], chunks=[body])
+    async with ScriptedUpstream(script) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+        assert await post(p.url + "/v1/messages", CALLS[0][1]) == body  # relayed as sent
+        [row] = rows(p)
+    assert row["tool_calls"] is None and row["outcome"] == "ok" and row["output_tokens"] is None
+    assert row["parse_error"].startswith("anthropic body: JSONDecodeError")

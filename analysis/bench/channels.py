@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
-import io
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ import aiohttp
 import orjson
 
 from analysis.filters import sql_string
+from analysis.formatting import csv_text
 from analysis.views import create_views
 from proxy.config import ServeConfig
 from proxy.server import RunningProxy
@@ -290,11 +289,7 @@ def to_json(run: ChannelsRun, api: str, model: str) -> str:
 
 def to_csv(run: ChannelsRun, api: str, model: str) -> str:
     rows = [{"tag": run.tag, **channel_record(run, c)} for c in run.channels]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return csv_text(list(rows[0]), ([r.get(k) for k in rows[0]] for r in rows))
 
 
 RENDERERS = {"table": to_table, "json": to_json, "csv": to_csv}

@@ -13,6 +13,7 @@ import click
 
 from proxy.server import run as run_loop
 from proxy.store import StoreError
+from proxy.terminal_text import echo
 
 from .output import RENDERERS, recording_notes
 from .plan import EXPERIMENTS, PlanOptions, parse_counts
@@ -110,10 +111,10 @@ def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs:
         progress.clear()
         raise click.ClickException(str(exc)) from None
     progress.finish(_final_line(outcome))
-    click.echo(RENDERERS[fmt](outcome.run, outcome.info), nl=False)
+    echo(RENDERERS[fmt](outcome.run, outcome.info), nl=False)
     for line in recording_notes(outcome.run, outcome.recorded, db=outcome.info.db, base_url=request.base_url,
                                 db_flag=request.db, direct=request.direct):
-        click.echo(line, err=True)
+        echo(line, err=True)
 
 
 def _channels(base_urls: tuple[str, ...], routes_text: str | None, runs: int | None,
@@ -146,9 +147,9 @@ def _channels(base_urls: tuple[str, ...], routes_text: str | None, runs: int | N
         raise click.ClickException(str(exc)) from None
     stopped = f"; stopped: {channel_run.stopped_by}" if channel_run.stopped_by else ""
     progress.finish(f"bench: {channel_run.sent} requests in {channel_run.elapsed_s:.1f} s{stopped}")
-    click.echo(CHANNEL_RENDERERS[fmt](channel_run, api, options.get("model") or ""), nl=False)
+    echo(CHANNEL_RENDERERS[fmt](channel_run, api, options.get("model") or ""), nl=False)
     if channel_run.db:
-        click.echo(f"recorded in {channel_run.db} under {channel_run.tag}: llmtap report --tag {channel_run.tag} "
+        echo(f"recorded in {channel_run.db} under {channel_run.tag}: llmtap report --tag {channel_run.tag} "
                    "--by route --breakdown", err=True)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +9,7 @@ from typing import Any
 import orjson
 from yarl import URL
 
+from ..formatting import csv_text
 from .plan import TITLES
 from .runner import BenchRun
 from .summary import KNEE_GAIN, LATENCY_RISE, ExperimentSummary, PointSummary
@@ -76,12 +75,7 @@ def to_json(run: BenchRun, info: RunInfo) -> str:
 
 def to_csv(run: BenchRun, info: RunInfo) -> str:
     rows = [{"tag": e.tag, **point_record(p)} for e in run.experiments for p in e.points]
-    out = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    return out.getvalue()
+    return csv_text(list(rows[0]), ([r.get(k) for k in rows[0]] for r in rows)) if rows else ""
 
 
 _HEAD = ("point", "ok", "err", "in_tok", "out_tok", "ttft p50", "p95", "tpot p50", "p95", "itl p50", "p95",

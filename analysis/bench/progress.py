@@ -6,6 +6,8 @@ import sys
 import time
 from typing import TextIO
 
+from proxy.terminal_text import printable
+
 REDRAW_S = 0.1
 
 
@@ -23,7 +25,7 @@ class ProgressLine:
             return
         self._drawn = now
         text = f"bench: {done}/{planned} requests  {now - self.t0:5.1f} s  {label}"
-        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.write("\r" + printable(text).ljust(self._width))
         self.stream.flush()
         self._width = len(text)
 
@@ -36,5 +38,5 @@ class ProgressLine:
     def finish(self, message: str) -> None:
         """Replace the live line with `message` (written on any stream)."""
         self.clear()
-        self.stream.write(message + "\n")
+        self.stream.write(printable(message, layout=True) + "\n")
         self.stream.flush()

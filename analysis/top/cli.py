@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from proxy.schema import KINDS
+from proxy.terminal_text import echo
 
 from ..timewindow import parse_span
 from .feed import FeedError, find_proxy
@@ -49,7 +50,7 @@ def top(url: str | None, admin_token: str | None, interval: float, window_s: flo
         proxy = find_proxy(url, admin_token)
         if once:
             lines = run(lambda: runner.once(proxy, window_s, chosen))
-            click.echo("\n".join(line.text for line in lines))
+            echo("\n".join(line.text for line in lines))
         else:
             run(lambda: runner.live(proxy, window_s, interval, chosen))
     except FeedError as exc:

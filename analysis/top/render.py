@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.terminal_text import printable
+
 from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, fmt_usd, truncate
 from ..report import fmt_wall
 from .model import GroupStats, SessionStats, TopModel
@@ -71,9 +73,9 @@ def table(name: str, columns: Sequence[Column], rows: Sequence[tuple[str, Sequen
         columns.pop()
     label_width = max(width - sum(c.width + 1 for c in columns), 1)
 
-    def line(label: str, cells: Sequence[str]) -> str:
-        parts = [truncate(label, label_width).ljust(label_width)]
-        parts += [_cell(text, column) for text, column in zip(cells, columns)]
+    def line(label: str, cells: Sequence[str]) -> str:  # stored data: its controls escaped, then fitted
+        parts = [truncate(printable(label), label_width).ljust(label_width)]
+        parts += [_cell(printable(text), column) for text, column in zip(cells, columns)]
         return " ".join(parts)[:width].rstrip()
 
     heading = Line(line(name, [c.header for c in columns]), heading=True)

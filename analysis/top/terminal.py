@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TextIO
 
+from proxy.terminal_text import printable
+
 from .render import Line
 
 ALT_SCREEN_ON, ALT_SCREEN_OFF = "\x1b[?1049h", "\x1b[?1049l"
@@ -31,14 +33,14 @@ REVERSE, RESET = "\x1b[7m", "\x1b[0m"
 def paint(lines: Sequence[Line], styled: bool = True) -> str:
     """One frame as ANSI: headings in reverse video (unless not `styled`), no newline after the last
     line (no scrolling)."""
-    body = "\r\n".join((REVERSE + line.text + RESET if line.heading and styled else line.text) + CLEAR_LINE_END
-                       for line in lines)
+    body = "\r\n".join((REVERSE + printable(line.text) + RESET if line.heading and styled else printable(line.text))
+                       + CLEAR_LINE_END for line in lines)
     return HOME + body + CLEAR_SCREEN_END
 
 
 def plain(lines: Sequence[Line]) -> str:
     """One frame for a pipe: its lines, then a blank line."""
-    return "".join(line.text + "\n" for line in lines) + "\n"
+    return "".join(printable(line.text) + "\n" for line in lines) + "\n"
 
 
 def no_color() -> bool:

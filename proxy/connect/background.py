@@ -7,7 +7,7 @@ import threading
 from typing import Callable
 
 from ..config import ServeConfig
-from ..relay_state import _stderr
+from ..terminal_text import stderr_line
 from ..server import RunningProxy
 
 
@@ -18,7 +18,7 @@ class BackgroundProxy:
     the requests it relayed is written when it returns.
     """
 
-    def __init__(self, config: ServeConfig, report: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, config: ServeConfig, report: Callable[[str], None] = stderr_line) -> None:
         self.config = config
         self.report = report
         self.proxy: RunningProxy | None = None

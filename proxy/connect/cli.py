@@ -8,6 +8,7 @@ import click
 
 from ..cli_options import config_option, db_option
 from ..running import DEFAULT_URL, LiveProxy, find_running
+from ..terminal_text import echo
 from .endpoint import base_urls, strip_v1
 from .setup import CODEX_LOGINS, TOOLS
 
@@ -43,21 +44,24 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         key = _client_key(live)
         the_plan = plan(tool, urls, where, env_key, codex_login, key)
         if the_plan.file is not None:
-            click.echo(f"# {the_plan.file}")
-        click.echo(the_plan.text, nl=False)
+            echo(f"# {the_plan.file}")
+        echo(the_plan.text, nl=False)
         for note in the_plan.notes:
-            click.echo(f"# {note}")
+            echo(f"# {note}")
         if not write:
             if the_plan.file is not None:
-                click.echo(f"# write it there with: llmtap setup {tool} --write")
+                echo(f"# write it there with: llmtap setup {tool} --write")
             return
         result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
     except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
         raise click.ClickException(str(exc)) from None
     if not result.changed:
-        click.echo(f"{result.path} already has this configuration: nothing written")
-        return
-    click.echo(f"wrote {result.path}" + (f" (backup: {result.backup})" if result.backup else " (new file)"))
+        echo(f"{result.path} already has this configuration: nothing written")
+    else:
+        echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
+                                       else " (new file, owner-only)"))
+    for line in result.tightened_lines():
+        echo(line)
 
 
 def _client_key(live: LiveProxy | None) -> str | None:
@@ -98,15 +102,15 @@ def run(command: tuple[str, ...], tag: str | None, upstream: str | None, config_
     from .run import RunError, execute
 
     def report(line: str) -> None:
-        click.echo(line, err=True)
+        echo(line, err=True)
 
     try:
         outcome = execute(list(command), tag=tag, upstream=upstream, config_path=config_path, db=db,
                           port=port, verbose=verbose, report=report)
     except RunError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        echo(f"Error: {exc}", err=True)
         raise SystemExit(exc.exit_code) from None
-    click.echo(outcome.summary, err=True)
+    echo(outcome.summary, err=True)
     raise SystemExit(outcome.exit_code)
 
 
@@ -130,7 +134,7 @@ def doctor(upstreams: tuple[str, ...], config_path: Path | None, db: str | None,
 
     checks = diagnose(Options(env=dict(os.environ), config_path=config_path, upstreams=upstreams, db=db,
                               port=port, timeout=timeout))
-    click.echo(render(checks), nl=False)
+    echo(render(checks), nl=False)
     raise SystemExit(exit_code(checks))
 
 

@@ -1,8 +1,8 @@
 """`llmtap doctor`: every check that explains "my tool does not go through the proxy" or "every request fails".
 
 The checks, in order: HTTP proxy variables, API-key variables, base URLs (the
-variables and the tool settings that win over them), the running proxy, the
-port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
+variables and the tool settings that win over them), the running proxy, its fast
+paths (proxy/fast_paths.py), the port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def diagnose(options: Options) -> list[Check]:
     checks += env_checks.api_keys(options.env)
     checks += env_checks.base_urls(options.env, live)
     checks.append(local_checks.running_proxy(live))
+    checks.append(local_checks.fast_paths(live, options.env))
     # the running proxy's port and database, not the defaults, unless asked for others
     port = options.port or (urlsplit(live.url).port if live is not None else None)
     db = options.db or (live.db if live is not None else None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 
+from .. import fast_paths as fast
 from ..config import ServeConfig
 from .check import Check, fail, ok, warn
 from .. import running
@@ -27,6 +28,28 @@ def running_proxy(live: LiveProxy | None) -> Check:
                     "but no llmtap answers there (it crashed or was killed)",
                     f"start it again, or remove {state.path}")
     return ok("llmtap serve", "not running (start it with llmtap serve, or use llmtap run -- COMMAND)")
+
+
+def fast_paths(live: LiveProxy | None, env: dict[str, str]) -> Check:
+    """Which of aiohttp's internals llmtap uses (proxy/fast_paths.py): the running proxy's health
+    says; without one, the probe of this installation and environment."""
+    summary = live.health.get("fast_paths") if live is not None else None
+    where = "the running llmtap serve"
+    if not isinstance(summary, dict):
+        try:
+            summary = fast.probe(env).summary()
+        except ValueError as exc:
+            return fail("fast paths", str(exc), f"unset {fast.ENV}, or give it one of those values")
+        where = "llmtap serve here"
+    on, off = summary.get("on") or [], summary.get("off") or {}
+    detail = f"{', '.join(on) or 'none'} on in {where} (aiohttp {summary.get('aiohttp')})"
+    if not off:
+        return ok("fast paths", detail)
+    detail += "; off, the public path runs (slower, as correct): " + "; ".join(f"{n}: {why}" for n, why in off.items())
+    if all(why.endswith(f"({fast.ENV})") for why in off.values()):
+        return ok("fast paths", detail)
+    return warn("fast paths", detail, f"for them all: pip install 'aiohttp=={'.'.join(map(str, fast.NEWEST))}', "
+                "or an llmtap release tested with this aiohttp")
 
 
 def port(config: ServeConfig, live: LiveProxy | None) -> Check:
@@ -58,6 +81,10 @@ def database(db_path: Path, live: LiveProxy | None) -> Check:
             return fail(subject, f"the running llmtap serve (pid {live.pid}) reports: {warnings[0]}",
                         "free space on its disk (or fix what the message names): the waiting rows are written then")
         return ok(subject, f"held by the running llmtap serve (pid {live.pid}); llmtap sql/report query it through it")
+    try:
+        duck.refuse_untrusted(db_path)
+    except duck.UntrustedDatabase as exc:
+        return fail(subject, f"not safe to write: {exc.problem}", exc.fix)
     if not db_path.exists():
         parent = next((p for p in db_path.parents if p.exists()), None)
         if parent is not None and os.access(parent, os.W_OK | os.X_OK):

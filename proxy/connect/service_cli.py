@@ -11,6 +11,7 @@ import click
 
 from .. import config as cfg, paths, running
 from . import service as svc
+from ..terminal_text import echo
 
 UP_WITHIN_S = 15.0  # how long `install` waits for the new service's health check
 
@@ -22,10 +23,10 @@ def service() -> None:
 
 def _skipped(the_plan: svc.Plan, why: str, commands: list[list[str]]) -> None:
     manager = "systemd's user manager" if the_plan.platform == "systemd" else "launchd"
-    click.echo(f"{manager} is not running here ({why}): skipped")
-    click.echo("  " + " && ".join(" ".join(c) for c in commands))
+    echo(f"{manager} is not running here ({why}): skipped")
+    echo("  " + " && ".join(" ".join(c) for c in commands))
     if the_plan.platform == "systemd":
-        click.echo("run them in a login session where it runs (for a machine without logins: loginctl enable-linger $USER)")
+        echo("run them in a login session where it runs (for a machine without logins: loginctl enable-linger $USER)")
 
 
 @service.command()
@@ -44,15 +45,15 @@ def install(config_path: Path | None, dry_run: bool) -> None:
                                    f"\"https://...\") in {where}, or pass --config FILE") from None
     the_plan = svc.plan(config_path)
     for note in _environment_notes(config):
-        click.echo(f"note: {note}")
+        echo(f"note: {note}")
     if dry_run:
-        click.echo(f"# {the_plan.path}")
-        click.echo(the_plan.text, nl=False)
-        click.echo("# then: " + " && ".join(" ".join(c) for c in the_plan.load))
+        echo(f"# {the_plan.path}")
+        echo(the_plan.text, nl=False)
+        echo("# then: " + " && ".join(" ".join(c) for c in the_plan.load))
         return
     existed = the_plan.path.exists()
     changed = svc.write_file(the_plan.path, the_plan.text)
-    click.echo(f"wrote {the_plan.path}" if changed else f"{the_plan.path} is up to date")
+    echo(f"wrote {the_plan.path}" if changed else f"{the_plan.path} is up to date")
     first: list[list[str]] = []  # may fail: nothing to undo
     commands = the_plan.load
     if the_plan.platform == "launchd" and existed:
@@ -66,7 +67,7 @@ def install(config_path: Path | None, dry_run: bool) -> None:
     before = running.find_running()
     try:
         for line in [*svc.run_commands(first, check=False), *svc.run_commands(commands)]:
-            click.echo(line)
+            echo(line)
     except svc.ServiceError as exc:
         raise click.ClickException(str(exc)) from None
     _await_up(before)
@@ -90,16 +91,16 @@ def _await_up(before: running.LiveProxy | None) -> None:
     while True:
         live = running.find_running()
         if live is not None and (before is None or live.pid != before.pid):
-            click.echo(f"llmtap serve is up at {live.url} (PID {live.pid}), recording to {live.db}")
+            echo(f"llmtap serve is up at {live.url} (PID {live.pid}), recording to {live.db}")
             return
         if time.monotonic() > deadline:
             break
         time.sleep(0.25)
     if before is not None:
-        click.echo(f"llmtap serve (PID {before.pid}) already answers at {before.url}, started outside the service: "
+        echo(f"llmtap serve (PID {before.pid}) already answers at {before.url}, started outside the service: "
                    "stop it, or the service's serve cannot listen on that port (llmtap service logs)")
     else:
-        click.echo(f"llmtap serve does not answer yet after {UP_WITHIN_S:g} s: see llmtap service logs")
+        echo(f"llmtap serve does not answer yet after {UP_WITHIN_S:g} s: see llmtap service logs")
 
 
 @service.command()
@@ -107,20 +108,20 @@ def uninstall() -> None:
     """Stop the service and remove its file."""
     the_plan = svc.plan()
     if not the_plan.path.exists():
-        click.echo(f"not installed: no {the_plan.path}")
+        echo(f"not installed: no {the_plan.path}")
         return
     why = svc.manager_why_not(the_plan.platform)
     reload = [["systemctl", "--user", "daemon-reload"]] if the_plan.platform == "systemd" else []
     if why is None:
         for line in svc.run_commands(the_plan.unload, check=False):
-            click.echo(line)
+            echo(line)
     the_plan.path.unlink()
-    click.echo(f"removed {the_plan.path}")
+    echo(f"removed {the_plan.path}")
     if why is not None:
         _skipped(the_plan, why, [*the_plan.unload, *reload])
         return
     for line in svc.run_commands(reload, check=False):
-        click.echo(line)
+        echo(line)
 
 
 @service.command()
@@ -129,16 +130,16 @@ def status() -> None:
     the_plan = svc.plan()
     kind = "systemd user unit" if the_plan.platform == "systemd" else "launchd agent"
     if not the_plan.path.exists():
-        click.echo(f"service   not installed (no {the_plan.path}): llmtap service install")
+        echo(f"service   not installed (no {the_plan.path}): llmtap service install")
     elif (why := svc.manager_why_not(the_plan.platform)) is not None:
-        click.echo(f"service   {kind} {the_plan.path}; its manager is not running here ({why})")
+        echo(f"service   {kind} {the_plan.path}; its manager is not running here ({why})")
     else:
-        click.echo(f"service   {kind} {the_plan.path}: {svc.manager_state(the_plan.platform)}")
+        echo(f"service   {kind} {the_plan.path}: {svc.manager_state(the_plan.platform)}")
     live = running.find_running()
     if live is None:
-        click.echo("proxy     down: no llmtap serve answers; tools pointed at llmtap fail with connection refused")
+        echo("proxy     down: no llmtap serve answers; tools pointed at llmtap fail with connection refused")
         raise SystemExit(3)
-    click.echo(f"proxy     up at {live.url} (PID {live.pid}), recording to {live.db or 'nothing (--no-measure)'}")
+    echo(f"proxy     up at {live.url} (PID {live.pid}), recording to {live.db or 'nothing (--no-measure)'}")
 
 
 @service.command()

@@ -265,8 +265,10 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime, client_key:
 def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
           now: datetime | None = None, login: str | None = None, client_key: str | None = None
           ) -> config_files.WriteResult:
-    """Merge the tool's configuration into its file (backup first; no change, no write)."""
+    """Merge the tool's configuration into its file (backup first; no change, no write). With
+    `client_key`, the file holds a secret: it ends owner-only, and so do its backups."""
     now = now or datetime.now(timezone.utc)
+    secret = bool(client_key)
     the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
     path = the_plan.file
     if path is None:
@@ -285,11 +287,11 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None
-        return config_files.replace(path, old, new, now)
+        return config_files.replace(path, old, new, now, secret)
     old_text = config_files.read_text(path)
     data = config_files.read_json_object(path)
     merged = (claude_settings(data or {}, urls, client_key) if tool == "claude-code"
               else cline_merge(data or {}, urls, now, client_key))
     if data is not None and merged == data:
-        return config_files.WriteResult(path, False, None)
-    return config_files.replace(path, old_text, config_files.json_text(merged), now)
+        return config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])
+    return config_files.replace(path, old_text, config_files.json_text(merged), now, secret)

@@ -239,13 +239,15 @@ def results_after_last(messages: object, is_model: Callable[[Any], bool],
                        calls: Callable[[Any], Iterable[tuple[Any, Any]]]) -> list[tuple[str | None, str | None]] | None:
     """The tool results in the items of a request's history after the last one the model wrote
     (`is_model`), as (call id, tool name): `results(item)` gives an item's (call id, name or None),
-    `calls(item)` a model item's (call id, name), which name the results that give none."""
+    `calls(item)` the calls an item holds as (call id, name), which name the results that give none:
+    those of the last model item and after it (Responses' calls are items of their own)."""
     if type(messages) is not list:
         return None
     last = next((i for i in range(len(messages) - 1, -1, -1) if type(messages[i]) is dict and is_model(messages[i])), -1)
-    names = {} if last < 0 else {as_str(c): as_str(n) for c, n in calls(messages[last])}
-    found = [(as_str(c), as_str(n) or names.get(as_str(c)))
-             for item in messages[last + 1:] if type(item) is dict for c, n in results(item)]
+    tail = [item for item in messages[max(last, 0):] if type(item) is dict]
+    names = {as_str(c): as_str(n) for item in tail for c, n in calls(item)}
+    found = [(as_str(c), as_str(n) or names.get(as_str(c))) for item in messages[last + 1:] if type(item) is dict
+             for c, n in results(item)]
     return found or None
 
 

@@ -78,16 +78,12 @@ class OpenAIResponses(Dialect):
     @staticmethod
     def tool_results(body: Any) -> list[tuple[str | None, str | None]] | None:
         """`*_call_output` items (their `call_id`) after the last assistant message or reasoning item
-        of `input`, named by the `*_call` items of `input` (Codex sends the whole history)."""
-        items = body.get("input")
-        if type(items) is not list:
-            return None
-        names = {item.get("call_id"): _call_name(item) for item in items if _is_call(item)}
+        of `input`, named by the `*_call` items there (Codex sends the whole history)."""
         return results_after_last(
-            items, lambda i: i.get("type") == "reasoning" or i.get("role") == "assistant",
-            lambda i: ((i.get("call_id"), names.get(i.get("call_id"))),)
-            if type(i.get("type")) is str and i["type"].endswith("_call_output") else (),
-            lambda i: ())
+            body.get("input"), lambda i: i.get("type") == "reasoning" or i.get("role") == "assistant",
+            lambda i: ((i.get("call_id"), None),) if type(i.get("type")) is str and i["type"].endswith("_call_output")
+            else (),
+            lambda i: ((i.get("call_id"), _call_name(i)),) if _is_call(i) else ())
 
     def _structural(self, kind: str | None, obj: dict[str, Any]) -> None:
         if kind == "response.output_item.added" or kind == "response.output_item.done":

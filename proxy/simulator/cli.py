@@ -12,6 +12,7 @@ import click
 
 from .app import Simulator
 from .config import SimConfig
+from ..terminal_text import echo
 
 DEFAULTS = SimConfig()
 COUNT = click.IntRange(min=0)
@@ -24,7 +25,7 @@ async def _serve(config: SimConfig, host: str, port: int) -> None:
     with contextlib.suppress(NotImplementedError):  # Windows has no add_signal_handler
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with Simulator(config, host, port, record=False) as sim:
-        click.echo(f"mock upstream listening on {sim.url}")
+        echo(f"mock upstream listening on {sim.url}")
         await stop.wait()
 
 
