@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -72,8 +73,8 @@ def filter_options(f: F) -> F:
 
     options = [
         click.option("--since", metavar="WHEN", help=(
-            "Only requests from WHEN: a span before now (30m, 24h, 7d) or an ISO date-time"
-            " (UTC unless given).")),
+            "Only requests from WHEN: a span before now (30m, 24h, 7d), today or yesterday"
+            " (from 00:00 UTC), or an ISO date-time (UTC unless given).")),
         click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
         click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
         click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
@@ -125,7 +126,7 @@ def opened(db_path: Path, sources: tuple[str, ...] = (), writes_to: str | None =
     and the network, unlocked."""
     remote = writes_to is not None and is_remote(writes_to)
     local_out = None if remote or writes_to is None else Path(writes_to).expanduser()
-    db_path = _default_or_demo(db_path) if not sources else db_path
+    db_path = default_or_demo(db_path) if not sources else db_path
     try:
         if sources:
             source = open_sources(sources, writes_to=local_out, lock=not remote)
@@ -141,7 +142,7 @@ def opened(db_path: Path, sources: tuple[str, ...] = (), writes_to: str | None =
         source.close()
 
 
-def _default_or_demo(db_path: Path) -> Path:
+def default_or_demo(db_path: Path) -> Path:
     """After `llmtap demo` and before the first `llmtap serve`, the default database does not exist
     yet: read the demo's instead, and say so on stderr."""
     if db_path != paths.default_db_path() or db_path.exists():
@@ -186,8 +187,22 @@ def sql(query: str | None, file: Path | None, db_path: Path, sources: tuple[str,
     if _SHOW_TABLES.fullmatch(text):  # the `requests` view shadows the table: name it once
         text = "SELECT DISTINCT name FROM (SHOW TABLES) ORDER BY name"
     with opened(db_path, sources) as source:
-        columns, _, rows = source.query(text)
+        try:
+            columns, _, rows = source.query(text)
+        except SourceError as exc:
+            raise click.ClickException(_with_file_hint(str(exc))) from None
     echo(render(columns, rows, fmt), nl=False)
+
+
+_LOCKED_OUT = "file system operations are disabled"
+FILE_HINT = ("hint: llmtap's SQL reads its inputs and no other file (docs/security.md). Name them with --from:"
+             " `llmtap sql --from 'exports/*' \"SELECT ...\"` reads `llmtap export` directories (their Parquet)"
+             " and other llmtap databases as the `requests` view; for any other file, use duckdb itself.")
+
+
+def _with_file_hint(message: str) -> str:
+    """A query's error; when it tried to read a file (read_parquet, read_csv, 'x.json'), where to go instead."""
+    return f"{message}\n{FILE_HINT}" if _LOCKED_OUT in message else message
 
 
 @click.command()
@@ -303,15 +318,18 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
 @db_option
 @from_option
 @output_options("table", "json", "csv")
-def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+@click.option("--fail", "fail", is_flag=True, help="Exit 1 when any request failed (for scripts and cron).")
+def errors(filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, fail: bool) -> None:
     """Failures grouped, with likely causes and fixes.
 
-    Groups by outcome, HTTP status and error type; also lists successful
+    Groups by outcome, HTTP status, error type and tool; also lists successful
     streams whose chunks had empty `choices`.
     """
     with opened(db_path, sources) as source:
-        text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
-    echo(text, nl=False)
+        report_ = error_report.build_error_report(source, filters)
+    echo(error_report.RENDERERS[fmt](report_), nl=False)
+    if fail and report_.failed:
+        sys.exit(1)
 
 
 @click.command()
@@ -329,9 +347,33 @@ def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> 
     with opened(db_path, sources) as source:
         try:
             shown = show_mod.find(source, request_id)
+        except show_mod.NoMatch as exc:
+            raise click.ClickException(str(exc) + _in_the_demo(request_id, db_path, sources)) from None
         except show_mod.ShowError as exc:
             raise click.ClickException(str(exc)) from None
     echo(show_mod.RENDERERS[fmt](shown), nl=False)
+
+
+def _in_the_demo(request_id: str, db_path: Path, sources: tuple[str, ...]) -> str:
+    """When the default database lacks the id and the demo's has it (a "Try next" line typed after
+    `serve` made the default database): where it is, or nothing."""
+    from . import show as show_mod
+
+    demo = paths.data_dir() / DEMO_DB
+    if sources or db_path != paths.default_db_path() or not db_path.exists() or not demo.exists():
+        return ""
+    try:
+        source = open_source(demo)
+    except SourceError:
+        return ""
+    try:
+        show_mod.find(source, request_id)
+    except (show_mod.ShowError, SourceError):
+        return ""
+    finally:
+        source.close()
+    return (f" in {db_path}; the demo's database has it:"
+            f" `llmtap show --db {demo} {request_id.strip()}`")
 
 
 def gap_option(f: F) -> F:
@@ -429,7 +471,9 @@ def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: P
 @click.command()
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Database for the demo (default: demo.duckdb in llmtap's data directory, made anew).")
-def demo(db_path: Path | None) -> None:
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="The demo proxy's port on localhost (0: a free one).")
+def demo(db_path: Path | None, port: int) -> None:
     """See llmtap work on a simulated upstream: no key, no network.
 
     Starts the built-in simulated upstream and the proxy on free loopback
@@ -450,7 +494,7 @@ def demo(db_path: Path | None) -> None:
         db_path = paths.data_dir() / DEMO_DB
         for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
             stale.unlink(missing_ok=True)
-    sent = run(lambda: run_demo(db_path))
+    sent = run(lambda: run_demo(db_path, port=port))
     with opened(db_path) as source:
         built = report_mod.build_report(source, "model", Filters(kinds=("generation",)))
         echo(report_mod.to_table(built))
@@ -461,8 +505,7 @@ def demo(db_path: Path | None) -> None:
 def try_next(sent: int, db_path: Path, built: report_mod.Report) -> str:
     """The demo's last lines: commands that work as typed, from where the demo was run."""
     llmtap = invoked_as()
-    read_by_default = db_path == paths.data_dir() / DEMO_DB and not paths.default_db_path().exists()
-    db = "" if read_by_default else f" --db {db_path}"
+    db = f" --db {shlex.quote(str(db_path))}"  # always: once `serve` records, the default database is another
     lines = [f"\n{sent} requests recorded in {db_path}. Try next:"]
     lines.append(f"  {llmtap} report{db} --by kind      # generations beside token counts, probes, prewarms")
     if built.slowest:

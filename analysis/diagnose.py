@@ -1,4 +1,4 @@
-"""`llmtap errors`: failures grouped by outcome, status and error type, with a likely cause.
+"""`llmtap errors`: failures grouped by outcome, status, error type and tool, with a likely cause.
 
 `error_groups` runs one GROUP BY over the `requests` view: the failed
 requests. Each group keeps a little evidence (paths, models, key
@@ -32,6 +32,7 @@ class ErrorGroup:
     status: int | None
     error_type: str | None
     count: int
+    tool: str | None = None  # the tool that sent these requests (proxy/clients.py's name); None: unknown
     last_seen: str | None = None  # UTC 'YYYY-MM-DD HH:MM'
     paths: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)  # request_model, '(none)' for NULL
@@ -48,7 +49,7 @@ def _evidence(column: str) -> str:
 
 
 GROUPS_SQL = f"""
-SELECT outcome, status, error_type, count(*) AS count,
+SELECT outcome, status, error_type, count(*) AS count, tool,
   strftime(max(started_at) AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M') AS last_seen,
   {_evidence('path')} AS paths,
   {_evidence('request_model')} AS models,
@@ -61,7 +62,7 @@ SELECT outcome, status, error_type, count(*) AS count,
 FROM requests
 WHERE ({{where}}) AND error
 GROUP BY ALL
-ORDER BY count DESC, last_seen DESC, status NULLS LAST, outcome, error_type NULLS LAST
+ORDER BY count DESC, last_seen DESC, status NULLS LAST, outcome, error_type NULLS LAST, tool NULLS LAST
 """
 
 

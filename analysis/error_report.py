@@ -13,7 +13,7 @@ from .report import span
 from .source import Source
 
 WIDTH = 80
-HEADERS = ("count", "status", "outcome", "error_type", "last seen (UTC)")
+HEADERS = ("count", "status", "tool", "outcome", "error_type", "last (UTC)")
 
 
 @dataclass
@@ -90,11 +90,11 @@ def to_table(report: ErrorReport) -> str:
         slow = slow_lines(report)
         return "\n".join([heading(report) + ": nothing to diagnose", *note(report), *([""] + slow if slow else [])]) + "\n"
     rows = [
-        [str(g.count), "-" if g.status is None else str(g.status), g.outcome or "-",
-         g.error_type or "-", g.last_seen or "-"]
+        [str(g.count), "-" if g.status is None else str(g.status), g.tool or "-", g.outcome or "-",
+         g.error_type or "-", (g.last_seen or "-")[5:] or "-"]  # the year is in the heading
         for g in report.groups
     ]
-    table = layout(HEADERS, rows, [True, True, False, False, False], limit=WIDTH, shrinkable=[3, 2])
+    table = layout(HEADERS, rows, [True, True, False, False, False, False], limit=WIDTH, shrinkable=[4, 3, 2])
     header, dashes, *lines = table.splitlines()
     out = [heading(report), "", header, dashes]
     shown = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from proxy.terminal_text import printable
@@ -40,6 +41,10 @@ class ShowError(Exception):
     """No request, or several, match the id; the message is for the user."""
 
 
+class NoMatch(ShowError):
+    """No request id starts with the prefix."""
+
+
 @dataclass
 class Shown:
     row: dict[str, Any]
@@ -57,7 +62,7 @@ def find(source: Source, prefix: str) -> Shown:
         f" ORDER BY started_at, id LIMIT {MAX_MATCHES + 1}"
     )
     if not rows:
-        raise ShowError(f"no request id starts with {prefix}")
+        raise NoMatch(f"no request id starts with {prefix}")
     if len(rows) > 1:
         ids = short_ids([r[columns.index("id")] for r in rows[:MAX_MATCHES]], len(prefix) + 1)
         more = "more than " if len(rows) > MAX_MATCHES else ""
@@ -106,13 +111,21 @@ def event_bars(chunks: list[dict[str, Any]], scale: float, width: int = CHART_WI
     return "".join(BARS[0] if n == 0 else BARS[max(1, round(n * (len(BARS) - 1) / top))] for n in counts)
 
 
+def _value(value: Any) -> str:
+    """A column's value as text; a timestamp in the one format `show` uses: 2026-12-01 09:43:49.046 UTC."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    return cell(value)
+
+
 def _summary(row: dict[str, Any]) -> list[str]:
     model = row.get("request_model") or "-"
     answered = row.get("response_model")
     if answered and answered != model:
         model += f" -> {answered}"
-    started = row.get("started_at")
-    when = started.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC" if hasattr(started, "strftime") else cell(started)
+    when = _value(row.get("started_at"))
     stream = "stream" if row.get("stream") else "no stream"
     return [
         f"request {row['id']}",
@@ -132,7 +145,7 @@ def to_text(shown: Shown) -> str:
         if row.get(column):
             lines.append(f"  {column} {row[column]}")
     lines += ["", "timing (ms from arrival at the proxy)", *timing_chart(row, shown.chunks), "", "columns"]
-    known = [(name, cell(value)) for name, value in row.items() if value is not None]
+    known = [(name, _value(value)) for name, value in row.items() if value is not None]
     width = max(len(name) for name, _ in known)
     lines += [f"  {name:<{width}}  {value}" for name, value in known]
     return "\n".join(map(printable, lines)) + "\n"  # one line each, whatever a value holds

@@ -17,7 +17,7 @@ import click
 from proxy import duck, retention
 from proxy.terminal_text import echo
 
-from .cli import db_option, output_options
+from .cli import default_or_demo, db_option, output_options
 from .db_status import fmt_bytes, gather, render
 from .source import SourceError
 from .timewindow import WindowError, parse_time, utc_now
@@ -29,7 +29,7 @@ from .timewindow import WindowError, parse_time, utc_now
 def status(db_path: Path, fmt: str) -> None:
     """Show the database's size, rows, oldest and newest, and the proxy recording to it."""
     try:
-        found = gather(db_path)
+        found = gather(default_or_demo(db_path))
     except SourceError as exc:
         raise click.ClickException(str(exc)) from None
     echo(json.dumps(found.as_dict(), indent=2) if fmt == "json" else render(found), nl=fmt == "json")

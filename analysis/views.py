@@ -55,9 +55,9 @@ DERIVED_COLUMNS = ("error", "day", "hour", "decode_tokens_per_s", "cache_read_sh
                    "billing")
 
 _PERCENTILES = (
-    ("ttft", "ttft_ms", (50, 90, 99), "NOT error AND stream"),
-    ("tpot", "tpot_ms", (50, 99), "NOT error"),
-    ("e2e", "e2e_ms", (50, 99), "NOT error"),
+    ("ttft", "ttft_ms", (50, 90, 95, 99), "NOT error AND stream"),
+    ("tpot", "tpot_ms", (50, 95, 99), "NOT error"),
+    ("e2e", "e2e_ms", (50, 95, 99), "NOT error"),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,15 @@ class LazyGroup(click.Group):
         except click.ClickException as exc:
             exc.message = printable(exc.message, layout=True)
             raise
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Click's lookup, with the nearest command names for a typo (`llmtap reprot`)."""
+        name = click.utils.make_str(args[0])
+        if self.get_command(ctx, name) is None and not ctx.resilient_parsing and not name.startswith("-"):
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.6)
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {' or '.join(repr(c) for c in close)}?")
+        return super().resolve_command(ctx, args)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -391,3 +391,22 @@ def test_every_command_has_help(command: object) -> None:
     assert "--db" in result.output or name in ("top", "prices")  # top reads the live feed; prices no rows
     listing = CliRunner().invoke(main, ["--help"]).output
     assert f"  {name} " in listing
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT * FROM read_parquet('{dir}/requests.parquet')",
+    "SELECT * FROM read_csv('{dir}/requests.csv')",
+    "SELECT * FROM '{dir}/requests.json'",
+])
+def test_reading_a_file_points_to_from(db: Path, query: str) -> None:
+    for name in ("requests.parquet", "requests.csv", "requests.json"):
+        (db.parent / name).write_text("id\n1\n")  # there, so the refusal is the lock-down, not a missing file
+    result = sql(db, query.format(dir=db.parent))
+    assert result.exit_code == 1
+    assert "file system operations are disabled" in result.output
+    assert "hint: llmtap's SQL reads its inputs and no other file" in result.output and "--from" in result.output
+
+
+def test_other_sql_errors_have_no_file_hint(db: Path) -> None:
+    result = sql(db, "SELECT nope FROM requests")
+    assert result.exit_code == 1 and "hint:" not in result.output

@@ -68,3 +68,42 @@ def test_report_says_where_to_look_when_there_is_nothing(tmp_path: Path) -> None
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "llmtap demo" in done.stderr or "llmtap serve" in done.stderr
     assert not os.path.exists(home / ".local/share/llmtap/llmtap.duckdb")
+
+
+def test_demo_port_try_next_with_db_then_status_and_show_after_serve(tmp_path: Path) -> None:
+    """In-process (this worktree's code): --port, "Try next" always with --db, `status` before serve
+    reads the demo's database, and `show ID` on the default database points to the demo's."""
+    import re
+    import socket
+
+    from click.testing import CliRunner
+
+    from proxy import paths
+    from proxy.cli import main
+    from .analysis_fixture import build_fixture_db
+
+    with socket.socket() as probe:  # a free port for --port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    demo = CliRunner().invoke(main, ["demo", "--port", str(port)])
+    assert demo.exit_code == 0, demo.output
+    assert f"proxy http://localhost:{port}" in demo.output or f":{port}," in demo.output
+    db = paths.data_dir() / "demo.duckdb"
+    hints = demo.output.split("Try next:\n", 1)[1].splitlines()
+    commands = [shlex.split(line.split("#", 1)[0]) for line in hints if line.startswith("  ")]
+    assert [c[c.index("--db") + 1] for c in commands[:3]] == [str(db)] * 3  # report, show, sql
+
+    status = CliRunner().invoke(main, ["status"])
+    assert status.exit_code == 0, status.output
+    assert "reading the demo's" in status.output and str(db) in status.output
+    assert "run `llmtap serve` or `llmtap demo` first" not in status.output
+
+    slowest = commands[1][-1]
+    build_fixture_db(paths.default_db_path())  # what `serve` leaves: a database without the demo's rows
+    shown = CliRunner().invoke(main, ["show", slowest])
+    assert shown.exit_code == 1
+    assert re.search(rf"no request id starts with {slowest} in .*llmtap.duckdb; the demo's database has it:"
+                     rf" `llmtap show --db {re.escape(str(db))} {slowest}`", " ".join(shown.output.split()))
+    assert CliRunner().invoke(main, ["show", "--db", str(db), slowest]).exit_code == 0
+    missing = CliRunner().invoke(main, ["show", "ffffffff"])
+    assert missing.exit_code == 1 and "demo" not in missing.output

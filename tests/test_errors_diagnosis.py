@@ -186,48 +186,48 @@ def test_diagnose_gives_every_matching_cause() -> None:
 ERRORS = """\
 15 failed of 31 requests (48.4%) from 2026-11-28 09:02 to 2026-11-30 17:41 UTC
 
-count  status  outcome               error_type             last seen (UTC)
------  ------  --------------------  ---------------------  ----------------
-    2     401  http_error            authentication_error   2026-11-28 10:16
+count  status  tool           outcome             error_type         last (UTC)
+-----  ------  -------------  ------------------  -----------------  -----------
+    2     401  claude-code    http_error          authentication_e…  11-28 10:16
   - API key rejected: missing, expired or revoked, or with stray whitespace or a
     newline; keys seen: (none), k:9d41b7aa03c2 ((none): no key sent)
-    1     403  http_error            permission_error       2026-11-30 12:00
+    1     403  claude-code    http_error          permission_error   11-30 12:00
   - the key works but may not do this (no access to the model, organisation,
     project or region); keys seen: k:7f3a9c1e5b20
-    1     502  proxy_error           proxy_error            2026-11-29 15:06
+    1     502  openai-python  proxy_error         proxy_error        11-29 15:06
   - llmtap itself failed on these requests: see the `llmtap serve` log, and
     report a bug
-    1     200  stream_truncated      -                      2026-11-29 13:30
+    1     200  cline          stream_truncated    -                  11-29 13:30
   - the upstream closed the stream before its terminal event (network drop or
     upstream crash): the client got a partial answer
-    1     200  client_disconnected   -                      2026-11-29 13:00
+    1     200  claude-code    client_disconnect…  -                  11-29 13:00
   - the client gave up before the end (its own timeout, or Ctrl-C): not an
     upstream failure
-    1     504  upstream_timeout      upstream_timeout       2026-11-29 10:30
+    1     504  codex          upstream_timeout    upstream_timeout   11-29 10:30
   - the upstream was silent longer than llmtap's timeout (overloaded?): retry,
     or raise `llmtap serve --connect-timeout/--idle-timeout`
-    1     502  upstream_unreachable  upstream_unreachable   2026-11-29 10:05
+    1     502  cline          upstream_unreacha…  upstream_unreach…  11-29 10:05
   - could not connect to llm.internal (DNS failure or connection refused): check
     the route's upstream URL, and HTTP_PROXY/HTTPS_PROXY/NO_PROXY
-    1     529  http_error            overloaded_error       2026-11-29 09:40
+    1     529  claude-code    http_error          overloaded_error   11-29 09:40
   - upstream overloaded (HTTP 529): retry later with backoff; check the
     provider's status page
-    1     500  http_error            server_error           2026-11-29 09:10
+    1     500  codex          http_error          server_error       11-29 09:10
   - upstream failing (HTTP 500): retry later with backoff; check the provider's
     status page
-    1     200  stream_error          overloaded_error       2026-11-29 08:31
+    1     200  claude-code    stream_error        overloaded_error   11-29 08:31
   - the upstream sent an error event mid-stream (overloaded_error): the answer
     is cut short; the upstream is overloaded: retry later
-    1     429  http_error            rate_limit_error       2026-11-29 08:31
+    1     429  claude-code    http_error          rate_limit_error   11-29 08:31
   - rate limited (retry-after: 30 s): lower the request rate or concurrency, or
     raise the quota
-    1     404  http_error            invalid_request_error  2026-11-28 16:45
+    1     404  codex          http_error          invalid_request_…  11-28 16:45
   - unknown model gpt-5o: check the model id for typos, and that the key may use
     it
-    1     404  http_error            -                      2026-11-28 14:26
+    1     404  cline          http_error          -                  11-28 14:26
   - path /local/chat/completions has no /v1: OpenAI-style clients append only
     /chat/completions or /responses, so their base URL must end in /v1
-    1     404  http_error            not_found_error        2026-11-28 11:00
+    1     404  claude-code    http_error          not_found_error    11-28 11:00
   - path /v1/v1/messages repeats /v1: the base URL already ends in /v1 and the
     client adds another: remove /v1 from the base URL
 
@@ -249,10 +249,10 @@ def test_report_errors_is_the_same(db: Path) -> None:
 
 def test_errors_csv_with_filters(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tool", "codex", "--format", "csv") == """\
-outcome,status,error_type,count,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,causes
-upstream_timeout,504,upstream_timeout,1,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,generation,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
-http_error,500,server_error,1,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,generation,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
-http_error,404,invalid_request_error,1,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,generation,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
+outcome,status,error_type,count,tool,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,causes
+upstream_timeout,504,upstream_timeout,1,codex,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,generation,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
+http_error,500,server_error,1,codex,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,generation,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
+http_error,404,invalid_request_error,1,codex,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,generation,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
 """
 
 
@@ -261,9 +261,9 @@ def test_errors_json_in_a_window(db: Path) -> None:
                           "--format", "json"))
     assert (data["requests"], data["failed"], data["first"], data["last"]) == (
         10, 5, "2026-11-28 09:02", "2026-11-28 16:45")
-    assert [(g["status"], g["error_type"], g["count"]) for g in data["groups"]] == [
-        (401, "authentication_error", 2), (404, "invalid_request_error", 1), (404, None, 1),
-        (404, "not_found_error", 1)]
+    assert [(g["status"], g["error_type"], g["count"], g["tool"]) for g in data["groups"]] == [
+        (401, "authentication_error", 2, "claude-code"), (404, "invalid_request_error", 1, "codex"),
+        (404, None, 1, "cline"), (404, "not_found_error", 1, "claude-code")]
     auth = data["groups"][0]
     assert auth["keys"] == ["(none)", "k:9d41b7aa03c2"]
     assert auth["messages"] == ["invalid x-api-key", "x-api-key header is required"]
@@ -276,3 +276,11 @@ def test_errors_when_nothing_failed(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tag", "refactor", "--since", "2026-11-30") == (
         "0 failed of 3 requests (0.0%) from 2026-11-30 09:00 to 2026-11-30 09:03 UTC: nothing to diagnose\n")
     assert run("errors", "--db", str(db), "--since", "2030-01-01") == "no requests match\n"
+
+
+def test_errors_fail_exits_1_only_when_something_failed(db: Path) -> None:
+    failed = CliRunner().invoke(main, ["errors", "--db", str(db), "--fail", "--format", "json"])
+    assert failed.exit_code == 1 and json.loads(failed.output)["failed"] == 15
+    clean = CliRunner().invoke(main, ["errors", "--db", str(db), "--fail", "--tag", "refactor", "--since", "2026-11-30"])
+    assert clean.exit_code == 0 and "nothing to diagnose" in clean.output
+    assert CliRunner().invoke(main, ["errors", "--db", str(db)]).exit_code == 0  # without --fail: 0

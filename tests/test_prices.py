@@ -107,10 +107,10 @@ def test_row_cost_is_the_same_arithmetic_as_the_view(db: Path) -> None:
 def test_report_shows_cost_by_model_beside_the_latency(db: Path) -> None:
     result = CliRunner().invoke(main, ["report", "--db", str(db), "--by", "model"])
     assert result.exit_code == 0, result.output
-    first_block = result.output.split("\n\n")[1]
-    header = first_block.splitlines()[1]
-    assert "reqs" in header and header.split()[-1] == "cost"
-    sonnet = next(line for line in first_block.splitlines() if line.startswith("claude-sonnet-4-5-2025"))
+    second_block = result.output.split("\n\n")[2]  # the first is latency (TTFT, E2E); cost ends the second
+    header = second_block.splitlines()[1]
+    assert "tok/s" in header and header.split()[-1] == "cost"
+    sonnet = next(line for line in second_block.splitlines() if line.startswith("claude-sonnet-4-5-2025"))
     assert sonnet.split()[-1].startswith("$")
     assert f"Cost: list prices from {prices.source()}." in result.output
     assert "1 of unknown models have no cost (see `llmtap prices MODEL`)." in result.output

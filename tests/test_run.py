@@ -61,7 +61,7 @@ async def test_run_starts_its_own_proxy_tags_rows_and_keeps_the_exit_code(sim: S
     assert out.splitlines() == [TEXT, TEXT]
     assert "llmtap run: tag mine: 2 requests (anthropic-python, openai-python), 0 errors" in err
     assert "  TTFT p50 " in err and "tokens in 2, out 16" in err
-    assert "  cost $" in err and " at list price (genai-prices " in err  # the generations' list price
+    assert "  cost unknown (2 of unknown models not priced; `llmtap prices MODEL`)" in err  # gpt-x, claude-x
     con = duckdb.connect(str(db), read_only=True)
     found = con.execute("SELECT path, tag, tool, output_tokens, ttft_ms > 0 FROM requests ORDER BY path").fetchall()
     con.close()
@@ -99,6 +99,22 @@ async def test_run_summarizes_errors(sim: Simulator, tmp_path: Path) -> None:
     assert code == 5, err
     assert "llmtap run: tag bad: 1 request (python-urllib), 1 error" in err
     assert "  1 x 503 " in err and "/v1/chat/completions" in err
+    assert "  cost - (no generation reported tokens)" in err and "$0.0000" not in err  # never 0 for unknown
+
+
+async def test_run_prints_an_unknown_models_cost_as_unknown(sim: Simulator, tmp_path: Path) -> None:
+    one = SDK_CALLS.replace('model="gpt-x"', 'model="gpt-6.2-sol"').split("a = anthropic")[0]  # Codex 0.171's
+    both = SDK_CALLS.replace('model="gpt-x"', 'model="gpt-4.1-mini"')  # a priced model beside claude-x
+    code, out, err = await llmtap("run", "--upstream", sim.url, "--db", str(tmp_path / "one.duckdb"), "--port", "0",
+                                  "--tag", "new", "--", sys.executable, "-c", one, env=clean_env(tmp_path))
+    assert code == 0, err
+    assert "llmtap run: tag new: 1 request (openai-python), 0 errors" in err
+    assert "  cost unknown (1 of unknown models not priced; `llmtap prices MODEL`)" in err and "$0.0000" not in err
+    code, out, err = await llmtap("run", "--upstream", sim.url, "--db", str(tmp_path / "both.duckdb"), "--port", "0",
+                                  "--tag", "both", "--", sys.executable, "-c", both, env=clean_env(tmp_path))
+    assert code == 0, err
+    assert "  cost <$0.0001 at list price (genai-prices " in err  # 1 + 8 tokens of gpt-4.1-mini
+    assert "; 1 of unknown models not priced, so at least that" in err and "$0.0000" not in err
 
 
 async def test_untagged_requests_during_the_run_are_reported_as_such(sim: Simulator, tmp_path: Path) -> None:

@@ -53,3 +53,15 @@ def test_every_command_is_listed_and_loads() -> None:
     for name in COMMANDS:
         command = main.get_command(ctx, name)
         assert command is not None and command.name == name
+
+
+def test_a_typo_gets_did_you_mean() -> None:
+    from click.testing import CliRunner
+
+    typo = CliRunner().invoke(main, ["reprot", "--by", "tool"])
+    assert typo.exit_code == 2
+    assert "No such command 'reprot'. Did you mean 'report' or 'export'?" in typo.output
+    assert "Did you mean 'sessions' or 'session'?" in CliRunner().invoke(main, ["sesions"]).output
+    unknown = CliRunner().invoke(main, ["xyzzy"])
+    assert unknown.exit_code == 2 and "No such command 'xyzzy'." in unknown.output
+    assert "Did you mean" not in unknown.output

@@ -350,3 +350,59 @@ async def test_once_prints_one_plain_frame(stack: dict[str, str]) -> None:
     assert "\x1b" not in text and len(text.splitlines()) <= 24
     assert re.search(r"^in flight [1-9]", text, re.M) and re.search(r"^once-session +claude-code +1\+1 ", text, re.M)
     assert re.search(r"^finished [1-9]", text, re.M)  # backfilled from the proxy's database
+
+
+def test_a_long_title_wraps_between_its_parts_instead_of_being_cut() -> None:
+    model = busy_model()
+    model.dropped, model.finished_dropped = 3, 4  # the title grows past 80 columns
+    lines = frame(model, 80, 24, "127.0.0.1:8787", clock=lambda: NOW)
+    heads = [line.text for line in lines[:2]]
+    assert all(len(text) <= 80 for text in heads) and "…" not in "".join(heads)
+    assert heads[0].startswith("llmtap top  127.0.0.1:8787 · 12 in flight")
+    assert "dropped 3 ticks, 4 rows" in " · ".join(heads) and heads[1].endswith(time.strftime("%H:%M:%S", time.localtime(NOW)))
+    assert len(lines) <= 24
+
+
+def test_no_color_paints_headings_plain() -> None:
+    lines = frame(busy_model(), 80, 24, "x", clock=lambda: NOW)
+    assert "\x1b[7m" in paint(lines) and "\x1b[7m" not in paint(lines, styled=False)
+
+
+async def test_top_into_a_pipe_writes_plain_frames(stack: dict[str, str]) -> None:
+    """Live `top` with stdout a pipe: frames of plain text and no escape, until SIGTERM."""
+    env = {**os.environ, "LLMTAP_HOME": stack["home"], "COLUMNS": "80", "LINES": "24"}
+    proc = await asyncio.create_subprocess_exec(PY, "-m", "analysis.top", "--interval", "0.1", env=env,
+                                                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    seen = b""
+    try:
+        async with asyncio.timeout(15):
+            while seen.count(b"llmtap top  127.0.0.1:") < 2:
+                seen += await proc.stdout.read(4096)  # type: ignore[union-attr]
+    finally:
+        proc.terminate()
+        rest, err = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode == 0, err.decode()
+    assert b"\x1b" not in seen + rest and b"\n\nllmtap top  127.0.0.1:" in seen
+
+
+def test_no_color_in_a_terminal_keeps_the_screen_but_not_reverse_video(stack: dict[str, str]) -> None:
+    import pty
+
+    env = {**os.environ, "LLMTAP_HOME": stack["home"], "COLUMNS": "80", "LINES": "24", "NO_COLOR": "1"}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([PY, "-m", "analysis.top", "--interval", "0.1"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 15
+        while seen.count(b"llmtap top  127.0.0.1:") < 2 and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.5)[0]:
+                seen += os.read(leader, 65536)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        os.close(leader)
+    assert seen.count(b"llmtap top  127.0.0.1:") >= 2
+    assert ALT_SCREEN_ON.encode() in seen and b"\x1b[7m" not in seen

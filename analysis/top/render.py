@@ -249,6 +249,17 @@ def fit(parts: list[Section], budget: int) -> list[Line]:
 
 def frame(model: TopModel, width: int, height: int, source: str, status: str | None = None,
           clock: Callable[[], float] = time.time) -> list[Line]:
-    """The screen: at most `height` lines of at most `width` characters."""
-    head = Line(truncate(title(model, source, status, clock), width))
-    return [head, *fit(sections(model, width), height - 1)][:max(height, 0)]
+    """The screen: at most `height` lines of at most `width` characters; the title wraps at its ` · `."""
+    head = [Line(text) for text in title_lines(title(model, source, status, clock), width)]
+    return [*head, *fit(sections(model, width), height - len(head))][:max(height, 0)]
+
+
+def title_lines(text: str, width: int) -> list[str]:
+    """The title in lines of at most `width`, broken between its parts (a part longer than `width` is cut)."""
+    lines: list[str] = []
+    for part in text.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(truncate(part, width))
+    return lines

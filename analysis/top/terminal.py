@@ -5,6 +5,10 @@ cursor and puts a tty stdin in cbreak mode (keys arrive at once, Ctrl-C
 still signals); leaving the block restores all three, whatever happened.
 `draw` repaints from the top-left corner, clearing the rest of each line and
 of the screen, so nothing flickers and nothing stale is left.
+
+When stdout is not a terminal (a pipe, a file) there are no escapes at all:
+each frame is plain lines and a blank line after it, like `top -b`. With
+NO_COLOR set (https://no-color.org) headings are not in reverse video.
 """
 
 from __future__ import annotations
@@ -26,11 +30,22 @@ HOME, CLEAR_LINE_END, CLEAR_SCREEN_END = "\x1b[H", "\x1b[K", "\x1b[J"
 REVERSE, RESET = "\x1b[7m", "\x1b[0m"
 
 
-def paint(lines: Sequence[Line]) -> str:
-    """One frame as ANSI: headings in reverse video, no newline after the last line (no scrolling)."""
-    body = "\r\n".join((REVERSE + printable(line.text) + RESET if line.heading else printable(line.text))
+def paint(lines: Sequence[Line], styled: bool = True) -> str:
+    """One frame as ANSI: headings in reverse video (unless not `styled`), no newline after the last
+    line (no scrolling)."""
+    body = "\r\n".join((REVERSE + printable(line.text) + RESET if line.heading and styled else printable(line.text))
                        + CLEAR_LINE_END for line in lines)
     return HOME + body + CLEAR_SCREEN_END
+
+
+def plain(lines: Sequence[Line]) -> str:
+    """One frame for a pipe: its lines, then a blank line."""
+    return "".join(printable(line.text) + "\n" for line in lines) + "\n"
+
+
+def no_color() -> bool:
+    """NO_COLOR set to anything but the empty string."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 class Terminal:
@@ -38,6 +53,8 @@ class Terminal:
         self.on_key, self.out, self.stdin = on_key, out, stdin
         self._saved: list | None = None  # termios attributes to restore
         self._fd: int | None = None
+        self.screen = out.isatty()  # else plain frames, no escapes
+        self.styled = not no_color()
 
     def __enter__(self) -> "Terminal":
         if self.stdin.isatty():
@@ -48,13 +65,15 @@ class Terminal:
             self._saved = termios.tcgetattr(self._fd)
             tty.setcbreak(self._fd)
             asyncio.get_running_loop().add_reader(self._fd, self._read)
-        self.out.write(ALT_SCREEN_ON + HIDE_CURSOR)
-        self.out.flush()
+        if self.screen:
+            self.out.write(ALT_SCREEN_ON + HIDE_CURSOR)
+            self.out.flush()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.out.write(RESET + SHOW_CURSOR + ALT_SCREEN_OFF)
-        self.out.flush()
+        if self.screen:
+            self.out.write(RESET + SHOW_CURSOR + ALT_SCREEN_OFF)
+            self.out.flush()
         if self._fd is not None:
             import termios
 
@@ -70,5 +89,5 @@ class Terminal:
         self.on_key(data or b"\x04")  # end of input counts as a key: EOF (Ctrl-D) quits
 
     def draw(self, lines: Sequence[Line]) -> None:
-        self.out.write(paint(lines))
+        self.out.write(paint(lines, self.styled) if self.screen else plain(lines))
         self.out.flush()

@@ -81,7 +81,7 @@ class Totals:
 class Cost:
     """The generations' tokens at list price (proxy/prices.py, as the views' cost_usd)."""
 
-    usd: float
+    usd: float | None  # None: no generation was priced (unknown models, or none reported tokens): never 0
     unpriced: int  # generations with tokens of a model genai-prices does not know
     subscription: bool  # some on a Claude or ChatGPT login: a list-price equivalent
     source: str
@@ -94,7 +94,8 @@ COST_COLUMNS = ("response_model", "request_model", "upstream_host", "started_at"
 def cost(query: "Query", where: str) -> Cost:
     columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind = 'generation'"
                              " AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) LIMIT 100000")
-    usd, unpriced, subscription = 0.0, 0, False
+    usd: float | None = None
+    unpriced, subscription = 0, False
     for values in rows:
         row = dict(zip(columns, values))
         if isinstance(row["started_at"], str):  # over the admin endpoint
@@ -103,7 +104,7 @@ def cost(query: "Query", where: str) -> Cost:
         if price is None:
             unpriced += 1
         else:
-            usd += price
+            usd = (usd or 0.0) + price
             subscription = subscription or row["credential_kind"] in prices.SUBSCRIPTION_KINDS
     return Cost(usd, unpriced, subscription, prices.source())
 
@@ -157,6 +158,21 @@ def _count(value: int | None) -> str:
     return "-" if value is None else f"{int(value):,}"
 
 
+def cost_line(c: Cost) -> str:
+    """The run's cost; unknown stays unknown (never $0.0000 for what was not priced)."""
+    unknown = f"{c.unpriced} of unknown models not priced"
+    if c.usd is None:
+        why = unknown if c.unpriced else "no generation reported tokens"
+        return f"  cost unknown ({why}; `llmtap prices MODEL`)" if c.unpriced else f"  cost - ({why})"
+    usd = "<$0.0001" if 0 < c.usd < 0.0001 else f"${c.usd:,.4f}"
+    line = f"  cost {usd} at list price ({c.source})"
+    if c.subscription:
+        line += ", a list-price equivalent on a subscription"
+    if c.unpriced:
+        line += f"; {unknown}, so at least that"
+    return line
+
+
 def render(label: str, t: Totals, errors: list[dict[str, Any]]) -> str:
     tools = f" ({t.tools})" if t.tools else ""
     lines = [
@@ -168,13 +184,7 @@ def render(label: str, t: Totals, errors: list[dict[str, Any]]) -> str:
         lines.append(f"  TTFT p50 {_ms(t.ttft_p50_ms)}, p95 {_ms(t.ttft_p95_ms)} over {over}; "
                      f"tokens in {_count(t.input_tokens)}, out {_count(t.output_tokens)}")
     if t.cost is not None:
-        c = t.cost
-        line = f"  cost ${c.usd:,.4f} at list price ({c.source})"
-        if c.subscription:
-            line += ", a list-price equivalent on a subscription"
-        if c.unpriced:
-            line += f"; {c.unpriced} of unknown models not priced"
-        lines.append(line)
+        lines.append(cost_line(t.cost))
     for e in errors:
         kind = e["error_type"] or e["outcome"]
         message = (e.get("message") or "").replace("\n", " ")[:100]
