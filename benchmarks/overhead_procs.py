@@ -4,6 +4,7 @@ benchmark itself dies, through PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import getpass
 import json
@@ -16,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import aiohttp
 
 from proxy import procfs, running
 
@@ -46,6 +49,20 @@ def pick_cpus() -> tuple[int | None, int | None]:
 def pin_self(cpu: int | None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+
+
+async def wait_ready(url: str, deadline_s: float = 60) -> None:
+    """Until `url` answers a HEAD / below 500 (a server started as a process), or SystemExit."""
+    end = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < end:
+            try:
+                async with s.head(url + "/") as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} did not start")
 
 
 def free_port() -> int:

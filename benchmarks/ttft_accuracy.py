@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 
 import aiohttp
+from overhead_procs import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = b"content_block_delta"
@@ -57,19 +58,6 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 ADMIN_HEADERS = {"X-Llmtap-Admin-Token": "llmtap-accuracy-admin-token"}  # serve reads it from its environment
-
-
-async def wait_ready(url: str, deadline_s: float = 60) -> None:
-    end = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < end:
-            try:
-                async with s.head(url + "/") as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not start")
 
 
 async def one(s: aiohttp.ClientSession, base: str, tag: str) -> float:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from overhead_procs import wait_ready
 import dpkt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,19 +63,6 @@ def free_port() -> int:
 def start(code: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "proxy", *args], env={**env, "PYTHONPATH": str(code)},
                             cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def wait_ready(url: str, deadline_s: float = 60) -> None:
-    end = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < end:
-            try:
-                async with s.head(url + "/") as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not start")
 
 
 async def one(s: aiohttp.ClientSession, base: str, tag: str) -> None:
