@@ -86,7 +86,10 @@ async def test_output_sweep_e2e_grows_ttft_flat(tmp_path: Path) -> None:
     # flat: a load's noise (50 ms at a load average of 40) but never the 165 ms E2E grows by
     assert max(ttft) - min(ttft) < (e2e[2] - e2e[0]) / 2, (ttft, e2e)
     assert [p.output_tokens for p in sweep.points] == [5, 20, 60]
-    assert all(2.5 < p.tpot_ms.p50 < 6 for p in sweep.points), [p.tpot_ms.p50 for p in sweep.points]
+    # TPOT at the upstream's 3 ms a token where there are tokens enough: under load a delayed first token
+    # and the few after it can reach the client in one read (5 tokens: TPOT near 0, as the client saw it)
+    assert all(2.5 < p.tpot_ms.p50 < 6 for p in sweep.points[1:]), [p.tpot_ms.p50 for p in sweep.points]
+    assert sweep.points[0].tpot_ms.p50 < 6
 
 
 async def test_concurrency_sweep_finds_the_knee_at_the_simulators_capacity(tmp_path: Path) -> None:

@@ -309,7 +309,7 @@ async def test_health_status_doctor_and_metrics_say_so_while_writes_fail(sim: Si
                 found = serve.admin.health()
                 assert found is not None and found["ok"] is True
                 return found
-            await wait_for(lambda: answer()["store"]["failing_since"] is not None, 10)
+            await wait_until(lambda: answer()["store"]["failing_since"] is not None, 10, "health says writes fail")
             health = answer()
             warning = health["warnings"][0]
             assert warning.startswith(f"cannot write to {db} since ") and "No space left" in warning, warning
@@ -327,6 +327,6 @@ async def test_health_status_doctor_and_metrics_say_so_while_writes_fail(sim: Si
                                      str(serve.port)], capture_output=True, text=True, timeout=60)
             assert "cannot write to" in doctor.stdout and "free space" in doctor.stdout, doctor.stdout + doctor.stderr
             filler.unlink()
-            await wait_for(lambda: not answer()["warnings"], 20)
+            await wait_until(lambda: not answer()["warnings"], 20, "the warning gone once space is back")
             assert answer()["store"]["write_failing_s"] == 0
             assert serve.stop() == 0
