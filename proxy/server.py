@@ -278,6 +278,24 @@ def tune_runtime() -> None:
     gc.freeze()
     gc.set_threshold(50_000, 50, 50)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    raise_open_files()
+
+
+def raise_open_files(want: int = 65_536) -> None:
+    """Raise the soft limit of open files towards the hard one, as nginx's `worker_rlimit_nofile`
+    does: a connection takes two descriptors while its next request is read with the kernel's stamp
+    (proxy/rx_stamp.py), and many Linux logins start at a soft 1,024."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
 
 
 async def serve_forever(config: ServeConfig, report: Callable[[str], None] = stderr_line,

@@ -94,3 +94,19 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
                 health = await r.json()
     assert health["ok"] is True and health["store"]["requests_written"] == 0
     assert health["event_loop_lag"]["p99_ms"] is not None and health["event_loop_lag"]["p99_ms"] < 50
+
+
+def test_a_soft_limit_of_open_files_is_raised_towards_the_hard_one() -> None:
+    """A connection holds two descriptors while its next request is read stamped (proxy/rx_stamp.py):
+    serve (tune_runtime) started under a soft limit of 1,024 raises it towards the hard limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard limit here is {hard}")
+    code = ("import resource; from proxy.server import raise_open_files; raise_open_files(); "
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run(["bash", "-c", f'ulimit -S -n 1024 && "{sys.executable}" -c "{code}"'],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == min(65_536, hard if hard != resource.RLIM_INFINITY else 65_536)
