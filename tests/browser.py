@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from .waiting import START_S
+from .waiting import START_S, real_clock_env
 
 FLAGS = (
     "--headless",
@@ -45,14 +45,6 @@ def find_chromium() -> str | None:
     return next((found for name in names if (found := shutil.which(name))), None)
 
 
-def _real_clock() -> dict[str, str]:
-    """The environment less libfaketime (.ci/run's run at 23:30 UTC): Chromium's timed waits hang
-    under it and the browser never opens its DevTools port; the pages' dates come from llmtap."""
-    preload = " ".join(p for p in os.environ.get("LD_PRELOAD", "").split() if "faketime" not in p)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKETIME") and k != "LD_PRELOAD"}
-    return env | ({"LD_PRELOAD": preload} if preload else {})
-
-
 class Chromium:
     """`async with Chromium(binary) as page:` a page ready for `open`, `evaluate`, `screenshot`."""
 
@@ -74,7 +66,7 @@ class Chromium:
             self.binary, *FLAGS, *self.flags, f"--user-data-dir={self._profile}",
             f"--window-size={self.width},{self.height}", "about:blank",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=_real_clock(),
+            start_new_session=True, env=real_clock_env(),
         )  # fmt: skip
         self._session = aiohttp.ClientSession()
         try:

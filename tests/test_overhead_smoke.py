@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .waiting import real_clock_env
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "overhead.py"
 
@@ -23,7 +25,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path, monkeypatch: pytest.Monk
 
     out = tmp_path / "overhead.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-nginx", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=real_clock_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     figures = result["figures"]

@@ -8,6 +8,7 @@ faked clock): a test that passes waits only as long as the condition takes.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -55,3 +56,12 @@ async def wait_until_still(read: Callable[[], T], still_s: float, timeout: float
         if (latest := read()) != value:
             value, since = latest, time.monotonic()
     return value
+
+
+def real_clock_env() -> dict[str, str]:
+    """The environment less libfaketime (.ci/run's run at 23:30 UTC), for a child whose own timers
+    hang or go wrong under it: Chromium's timed waits never open its DevTools port, wrk measures no
+    request. Their dates come from llmtap, which keeps the faked clock."""
+    preload = " ".join(p for p in os.environ.get("LD_PRELOAD", "").split() if "faketime" not in p)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKETIME") and k != "LD_PRELOAD"}
+    return env | ({"LD_PRELOAD": preload} if preload else {})
