@@ -1,4 +1,6 @@
-"""benchmarks/overhead.py runs end to end and reports every figure: a smoke test, not a timing check."""
+"""benchmarks/overhead.py runs end to end and reports every figure: a smoke test, not a timing check.
+The benchmarks run on the real clock (`real_clock_env`): under .ci/run's faked 23:30 UTC, wrk
+measures no request."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def test_against_adds_a_measuring_column_from_another_tree(tmp_path: Path, monke
 
     out = tmp_path / "overhead.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-nginx", "--against", str(ROOT),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=80)
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=80,
+                          env=real_clock_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     against = result["medians"]["against"]
@@ -69,7 +72,7 @@ def test_paired_cost_runs_both_proxies_side_by_side(against: list[str]) -> None:
     """benchmarks/paired_cost.py, one tiny round with the aiohttp loader (wrk may be absent)."""
     proc = subprocess.run([sys.executable, str(SCRIPT.with_name("paired_cost.py")), "--rounds", "1", "--seconds", "1",
                            "--connections", "4", "--loader", "aiohttp", *against],
-                          cwd=ROOT, capture_output=True, text=True, timeout=80)
+                          cwd=ROOT, capture_output=True, text=True, timeout=80, env=real_clock_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
     llmtap, relay, measuring, cost = (float(v.rstrip("%")) for v in lines["1"][1:5])
