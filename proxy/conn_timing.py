@@ -100,13 +100,8 @@ def handshake_ns(sock: socket.socket | None) -> int | None:
     """The kernel's SYN -> SYN-ACK time of a TCP connection that has carried nothing yet: its first
     round-trip sample, `tcpi_rtt` (µs). None without TCP_INFO, or after a retransmission (the kernel
     takes no sample from a retransmitted SYN)."""
-    if sock is None or _TCP_INFO is None:
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
-    except (OSError, ValueError):
-        return None
-    if len(info) < _TCP_INFO_LEN:
+    info = _tcp_info(sock, _TCP_INFO_LEN)
+    if info is None:
         return None
     (rtt_us,) = struct.unpack_from("I", info, 68)
     (total_retrans,) = struct.unpack_from("I", info, 100)
@@ -148,14 +143,19 @@ class TimedConnector(aiohttp.TCPConnector):
 
 def _segments_out(transport: Any) -> int | None:
     """The data segments the connection has sent so far (TCP_INFO's tcpi_data_segs_out)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    info = _tcp_info(transport.get_extra_info("socket") if transport is not None else None, _TCP_INFO_SENT)
+    return None if info is None else struct.unpack_from("I", info, 156)[0]
+
+
+def _tcp_info(sock: socket.socket | None, length: int) -> bytes | None:
+    """The first `length` bytes of the socket's TCP_INFO; None without it (not Linux, an older kernel)."""
     if sock is None or _TCP_INFO is None:
         return None
     try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_SENT)
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, length)
     except (OSError, ValueError):
         return None
-    return struct.unpack_from("I", info, 156)[0] if len(info) >= _TCP_INFO_SENT else None
+    return info if len(info) >= length else None
 
 
 def _stamp_sending(conn: Any, marks: ConnectionMarks) -> None:
