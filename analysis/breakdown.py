@@ -21,8 +21,8 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .filters import Filters
-from .formatting import csv_text, dumps, layout, truncate
+from analysis.filters import Filters
+from analysis.formatting import csv_text, dumps, layout, truncate
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
 

@@ -24,19 +24,19 @@ from typing import Any, TypeVar
 
 import click
 
-from proxy import paths
-from proxy.cli_options import db_option as shared_db_option
-from proxy.schema import KINDS
-from proxy.terminal_text import echo
+from proxy.common import paths
+from proxy.settings.cli_options import db_option as shared_db_option
+from proxy.common.schema import KINDS
+from proxy.common.terminal_text import echo
 
-from . import error_report, report as report_mod
-from .export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
-from .filters import Filters
-from .formatting import FORMATS as SQL_FORMATS, render, short_ids
-from .multi_source import open_sources
-from .remote import is_remote
-from .source import Source, SourceError, open_source
-from .timewindow import WindowError, parse_time, utc_now
+from analysis import error_report, report as report_mod
+from analysis.export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
+from analysis.filters import Filters
+from analysis.formatting import FORMATS as SQL_FORMATS, render, short_ids
+from analysis.multi_source import open_sources
+from analysis.remote import is_remote
+from analysis.source import Source, SourceError, open_source
+from analysis.timewindow import WindowError, parse_time, utc_now
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEMO_DB = "demo.duckdb"  # `llmtap demo`'s database, in llmtap's data directory
@@ -96,7 +96,7 @@ def _update_prices(update: bool) -> None:
     """With --update-prices: genai-prices' own update, waited for (a failure is one line)."""
     if not update:
         return
-    from proxy import prices
+    from proxy.common import prices
 
     prices.enable_updates()
     try:
@@ -251,28 +251,28 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
         if show_errors:
             text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
         elif show_limits:
-            from . import limits
+            from analysis import limits
 
             try:
                 text = limits.RENDERERS[fmt](limits.build_limits(source, filters))
             except limits.LimitsUnknown as exc:
                 raise click.ClickException(str(exc)) from None
         elif by == "tool_name":
-            from .session_report import render_tool_runs
-            from .timeline import tool_names
+            from analysis.session_report import render_tool_runs
+            from analysis.timeline import tool_names
 
             text = render_tool_runs(tool_names(source.query, replace(filters, kinds=()).where()), fmt)
         elif show_breakdown:
-            from . import breakdown
+            from analysis import breakdown
 
             built = breakdown.build_breakdown(source.query, by, report_mod.GROUPINGS[by], filters)
             text = breakdown.RENDERERS[fmt](built)
         else:
             text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
         if html_path is not None:
-            from proxy.private_file import write_private
+            from proxy.common.private_file import write_private
 
-            from .html_report import render_html
+            from analysis.html.report import render_html
 
             title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
             write_private(html_path, render_html(source.query, where=filters.where(), title=title,
@@ -297,7 +297,7 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
     """
     from urllib.parse import urlsplit
 
-    from . import price_report
+    from analysis import price_report
 
     _update_prices(update_prices)
     host = (urlsplit(upstream).hostname if "//" in upstream else upstream.split("/")[0]) if upstream else None
@@ -342,7 +342,7 @@ def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> 
 
     ID is any unique prefix of a request id, as `llmtap report` prints them.
     """
-    from . import show as show_mod
+    from analysis import show as show_mod
 
     with opened(db_path, sources) as source:
         try:
@@ -357,7 +357,7 @@ def show(request_id: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> 
 def _in_the_demo(request_id: str, db_path: Path, sources: tuple[str, ...]) -> str:
     """When the default database lacks the id and the demo's has it (a "Try next" line typed after
     `serve` made the default database): where it is, or nothing."""
-    from . import show as show_mod
+    from analysis import show as show_mod
 
     demo = paths.data_dir() / DEMO_DB
     if sources or db_path != paths.default_db_path() or not db_path.exists() or not demo.exists():
@@ -384,7 +384,7 @@ def gap_option(f: F) -> F:
 
 
 def _sessions(source: Source, filters: Filters, gap_min: float) -> list[Any]:
-    from . import timeline
+    from analysis import timeline
 
     return timeline.sessions(source.query, filters.where(), gap_s=gap_min * 60)
 
@@ -406,7 +406,7 @@ def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str
     session: TPOT or TTFT per input token 3x its peers' on the same model
     within the hour. `llmtap session ID` shows one as a timeline.
     """
-    from .session_report import render_sessions
+    from analysis.session_report import render_sessions
 
     with opened(db_path, sources) as source:
         found = _sessions(source, filters, gap_min)
@@ -429,8 +429,8 @@ def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, 
     span, Bash+Read; ░ a result that never came), and you (a finished
     answer to your next prompt). Then the totals, each instant once.
     """
-    from . import timeline
-    from .session_report import render_session
+    from analysis import timeline
+    from analysis.session_report import render_session
 
     with opened(db_path, sources) as source:
         found = timeline.find(_sessions(source, Filters(), gap_min), session_id)
@@ -483,10 +483,10 @@ def demo(db_path: Path | None, port: int) -> None:
     probe, a models list, Codex's WebSocket prewarm and turn), then prints
     the report.
     """
-    from proxy.server import run
+    from proxy.serve.server import run
 
     try:
-        from .demo import run_demo
+        from analysis.demo import run_demo
     except ImportError as exc:
         raise click.ClickException(f"the demo needs the official SDKs ({exc.name}): pip install 'llmtap[demo]'") from None
 
@@ -542,8 +542,8 @@ def __getattr__(name: str) -> Any:
     """`COMMANDS`, built when asked for: `bench` and `top` import the proxy's server, which the
     query commands never need (`proxy.cli` imports each command when it runs)."""
     if name == "COMMANDS":
-        from .bench.cli import bench
-        from .top.cli import top
+        from analysis.bench.cli import bench
+        from analysis.top.cli import top
 
         return (sql, report, errors, export, show, sessions, session, demo, bench, top, prices)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -200,7 +200,7 @@ class Estimate:
 
 
 def _quantile(values: np.ndarray, q: float) -> float | None:
-    """Linear interpolation between ranks: numpy's default, DuckDB's quantile_cont, proxy.stats."""
+    """Linear interpolation between ranks: numpy's default, DuckDB's quantile_cont, proxy.common.stats."""
     return float(np.quantile(values, q)) if len(values) else None
 
 
@@ -482,7 +482,7 @@ def _used(d: Difference) -> str:
 
 
 def to_table(c: Comparison) -> str:
-    from .formatting import layout, truncate
+    from analysis.formatting import layout, truncate
 
     headers = [c.by, "n"] + [h for m in METRICS for h in ("p50", "p95")]
     groups = [""] * 2 + [f"{METRICS[m][2]} ms" for m in METRICS for _ in range(2)]
@@ -516,7 +516,7 @@ def _round(value: Any) -> Any:
 
 
 def to_json(c: Comparison) -> str:
-    from .formatting import dumps
+    from analysis.formatting import dumps
 
     return dumps(as_dict(c))
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-from proxy.schema import KINDS
-from proxy.terminal_text import echo
+from proxy.common.schema import KINDS
+from proxy.common.terminal_text import echo
 
-from .cli import db_option, filter_options, from_option, opened, output_options
-from .filters import Filters, sql_string, sql_timestamp
-from .timewindow import WindowError, parse_time, utc_now
+from analysis.cli import db_option, filter_options, from_option, opened, output_options
+from analysis.filters import Filters, sql_string, sql_timestamp
+from analysis.timewindow import WindowError, parse_time, utc_now
 
 # --by NAME -> the column that names a side
 BY: dict[str, str] = {
@@ -108,7 +108,7 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
     if baseline and (values or not by):
         raise click.UsageError("--baseline goes with --by and no VALUEs (else the first VALUE is the baseline)")
     filters = replace(filters, kinds=kinds or ("generation",))
-    from .compare import CompareError, RENDERERS, Side, compare as run_compare
+    from analysis.compare import CompareError, RENDERERS, Side, compare as run_compare
 
     with opened(db_path, sources) as source:
         where = filters.where()

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy import running
+from proxy.common import instances as running
 
-from .source import Source, open_source
+from analysis.source import Source, open_source
 
 TABLES = ("requests", "chunks", "bodies")
 ONE = {"requests": "request", "chunks": "chunk", "bodies": "body"}

@@ -20,13 +20,13 @@ import anthropic
 import openai
 import orjson
 
-from proxy.config import ServeConfig
-from proxy.server import RunningProxy
+from proxy.settings.config import ServeConfig
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.terminal_text import echo
+from proxy.common.terminal_text import echo
 
-from .views import create_views
+from analysis.views import create_views
 
 PROMPT = "Explain in one paragraph why streaming matters for perceived latency. " * 4
 

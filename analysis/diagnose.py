@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .filters import Filters
-from .source import Source
+from analysis.filters import Filters
+from analysis.source import Source
 
 EVIDENCE = 5  # distinct values kept per group and evidence column
 
@@ -32,7 +32,7 @@ class ErrorGroup:
     status: int | None
     error_type: str | None
     count: int
-    tool: str | None = None  # the tool that sent these requests (proxy/clients.py's name); None: unknown
+    tool: str | None = None  # the tool that sent these requests (proxy/meter/clients.py's name); None: unknown
     last_seen: str | None = None  # UTC 'YYYY-MM-DD HH:MM'
     paths: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)  # request_model, '(none)' for NULL
@@ -41,7 +41,7 @@ class ErrorGroup:
     messages: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     empty_choices_chunks: int = 0
-    kinds: list[str] = field(default_factory=list)  # proxy/request_kind.py's, '(none)' for NULL
+    kinds: list[str] = field(default_factory=list)  # proxy/meter/request_kind.py's, '(none)' for NULL
 
 
 def _evidence(column: str) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import textwrap
 from dataclasses import asdict, dataclass, field
 
-from .diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
-from .filters import Filters
-from .formatting import csv_text, dumps, layout
-from .report import span
-from .source import Source
+from analysis.diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
+from analysis.filters import Filters
+from analysis.formatting import csv_text, dumps, layout
+from analysis.report import span
+from analysis.source import Source
 
 WIDTH = 80
 HEADERS = ("count", "status", "tool", "outcome", "error_type", "last (UTC)")
@@ -34,13 +34,13 @@ def build_error_report(source: Source, filters: Filters) -> ErrorReport:
     failed = sum(g.count for g in groups)
     headroom = []
     if any(g.status == 429 for g in groups):
-        from .limits import LimitsUnknown, headroom_before_429s
+        from analysis.limits import LimitsUnknown, headroom_before_429s
 
         try:
             headroom = headroom_before_429s(source, filters)
         except LimitsUnknown:
             pass
-    from .timeline import sessions
+    from analysis.timeline import sessions
 
     slow = [{"session": s.key, "tool": s.tool, "why": s.slow} for s in sessions(source.query, filters.where()) if s.slow]
     return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom, slow)

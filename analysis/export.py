@@ -32,12 +32,12 @@ from typing import Any
 import duckdb
 import orjson
 
-from .filters import Filters, sql_identifier, sql_string
-from .formatting import csv_cell_sql, plain
-from .remote import RemoteError, enable_remote, explain, is_remote
-from .source import FileSource, Source, SourceError
-from .views import DERIVED_COLUMNS
-from proxy import duck
+from analysis.filters import Filters, sql_identifier, sql_string
+from analysis.formatting import csv_cell_sql, plain
+from analysis.remote import RemoteError, enable_remote, explain, is_remote
+from analysis.source import FileSource, Source, SourceError
+from analysis.views import DERIVED_COLUMNS
+from proxy.common import duck
 
 FORMATS = ("parquet", "csv")
 TABLES = ("requests", "chunks")

@@ -32,7 +32,7 @@ class Filters:
     tags: tuple[str, ...] = ()
     models: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = ()  # request kinds (proxy/request_kind.py); () is every kind
+    kinds: tuple[str, ...] = ()  # request kinds (proxy/meter/request_kind.py); () is every kind
 
     def where(self, prefix: str = "") -> str:
         """A WHERE condition over the `requests` view (`prefix` is a table alias with its dot)."""

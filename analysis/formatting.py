@@ -1,7 +1,7 @@
 """Rows to text: aligned tables, CSV, JSON, NDJSON, Markdown, and humanised numbers.
 
 A table's cells hold stored data (a path, a tag, an upstream's error message): each is shown with its
-control characters escaped (proxy/terminal_text.py) before it is laid out, so a line break cannot
+control characters escaped (proxy/common/terminal_text.py) before it is laid out, so a line break cannot
 start a row and the columns stay aligned; the whole text then leaves through `terminal_text.echo`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from uuid import UUID
 
 import orjson
 
-from proxy.terminal_text import printable, printable_cells
+from proxy.common.terminal_text import printable, printable_cells
 
 FORMATS = ("table", "csv", "json", "ndjson", "markdown")
 ELLIPSIS = "…"

@@ -1,5 +1,5 @@
 """`llmtap report --limits`: how close each key came to its upstream's limits, from the rows' typed
-rate-limit columns (proxy/ratelimits.py), and what preceded each run of 429s (`llmtap errors`).
+rate-limit columns (proxy/meter/ratelimits.py), and what preceded each run of 429s (`llmtap errors`).
 
 For each key fingerprint and upstream: the latest remaining requests and tokens (with the limits)
 and the next reset, a subscription's 5-hour and weekly window utilization, and the 429s; then the
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .filters import Filters
-from .formatting import csv_text, dumps, fmt_count, fmt_pct, layout, truncate
-from .source import Source
+from analysis.filters import Filters
+from analysis.formatting import csv_text, dumps, fmt_count, fmt_pct, layout, truncate
+from analysis.source import Source
 
 WIDTH = 80
 NONE = "(none)"

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import duckdb
 
-from proxy.schema import CHUNK_COLUMNS
+from proxy.common.schema import CHUNK_COLUMNS
 
-from .filters import sql_identifier, sql_string
-from .remote import RemoteError, enable_remote, explain, is_remote
-from .source import FileSource, SourceError
-from .views import priced_models, table_columns, views_sql
-from proxy import duck
+from analysis.filters import sql_identifier, sql_string
+from analysis.remote import RemoteError, enable_remote, explain, is_remote
+from analysis.source import FileSource, SourceError
+from analysis.views import priced_models, table_columns, views_sql
+from proxy.common import duck
 
 CATALOG = "memory"  # an in-memory DuckDB's catalog
 _GLOB = set("*?[")

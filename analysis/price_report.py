@@ -1,6 +1,6 @@
 """`llmtap prices MODEL`: what genai-prices matched for a model name, and the prices the views use.
 
-The lookup is `proxy.prices.lookup`, the one the `cost_usd` column and the cost metric use: the
+The lookup is `proxy.common.prices.lookup`, the one the `cost_usd` column and the cost metric use: the
 provider from the upstream's URL when the package knows it, else from the model name.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy import prices
+from proxy.common import prices
 
-from .formatting import dumps, fmt_usd
+from analysis.formatting import dumps, fmt_usd
 
 NAMES = {"input": "input", "cache_read": "cached input read", "cache_write": "cached input write",
          "output": "output", "reasoning": "reasoning", "requests": "per 1000 requests"}

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 
 import duckdb
 
-from .filters import sql_string
+from analysis.filters import sql_string
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 SECRET_NAME = "llmtap_s3_from_env"
@@ -49,7 +49,7 @@ def is_remote(location: str) -> bool:
 
 def enable_remote(con: duckdb.DuckDBPyConnection, env: Mapping[str, str], locations: Iterable[str]) -> str:
     """Let `con` read and write `locations` (remote URLs, globs allowed): httpfs or s3fs, the one used."""
-    from . import remote_fs
+    from analysis import remote_fs
 
     choice = env.get(CHOICE, "").strip().lower()
     if choice not in ("", "httpfs", "s3fs"):

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .filters import Filters, sql_string
-from .formatting import (
+from analysis.filters import Filters, sql_string
+from analysis.formatting import (
     MIN_SHRUNK_WIDTH,
     column_widths,
     csv_text,
@@ -30,10 +30,10 @@ from .formatting import (
     short_ids,
     truncate,
 )
-from proxy import prices
+from proxy.common import prices
 
-from .source import Source
-from .views import ROLLUP_METRICS, ROLLUP_SQL
+from analysis.source import Source
+from analysis.views import ROLLUP_METRICS, ROLLUP_SQL
 
 WIDTH = 80
 SLOWEST = 5

@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from .formatting import dumps, fmt_count, fmt_usd, layout, truncate
-from .report import fmt_wall
-from .timeline import Session, Span, Totals
+from analysis.formatting import dumps, fmt_count, fmt_usd, layout, truncate
+from analysis.report import fmt_wall
+from analysis.timeline import Session, Span, Totals
 
 WIDTH = 80
 GANTT_WIDTH = 36

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from proxy.terminal_text import printable
+from proxy.common.terminal_text import printable
 
-from .filters import sql_string
-from .formatting import cell, dumps, fmt_ms, short_ids
-from .source import Source
-from .views import DERIVED_COLUMNS
+from analysis.filters import sql_string
+from analysis.formatting import cell, dumps, fmt_ms, short_ids
+from analysis.source import Source
+from analysis.views import DERIVED_COLUMNS
 
 MAX_MATCHES = 5
 CHART_WIDTH = 50

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 import duckdb
 
-from proxy import duck, paths, running
-from proxy.running import AdminClient, AdminError
-from proxy.terminal_text import echo
+from proxy.common import duck, paths, instances as running
+from proxy.common.instances import AdminClient, AdminError
+from proxy.common.terminal_text import echo
 
-from .views import create_views
+from analysis.views import create_views
 
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 

@@ -1,7 +1,7 @@
 """`llmtap status`, `llmtap prune`, `llmtap compact`: the database's size, and keeping it small.
 
 `status` reads through `source.open_source`, locked down like every query of the CLI. `prune` and
-`compact` write the file, so they run only while no `llmtap serve` holds it (proxy/retention.py):
+`compact` write the file, so they run only while no `llmtap serve` holds it (proxy/record/retention.py):
 `prune` opens it read-write and locks the connection down (lock-down allows the open database
 itself); `compact` attaches a second, new file, which a locked-down connection refuses, so its
 connection is its own and runs no SQL but retention's.
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import click
 
-from proxy import duck, retention
-from proxy.terminal_text import echo
+from proxy.common import duck
+from proxy.record import retention
+from proxy.common.terminal_text import echo
 
-from .cli import default_or_demo, db_option, output_options
-from .db_status import fmt_bytes, gather, render
-from .source import SourceError
-from .timewindow import WindowError, parse_time, utc_now
+from analysis.cli import default_or_demo, db_option, output_options
+from analysis.db_status import fmt_bytes, gather, render
+from analysis.source import SourceError
+from analysis.timewindow import WindowError, parse_time, utc_now
 
 
 @click.command()

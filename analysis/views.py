@@ -10,7 +10,7 @@ are replaced each time, so calling it twice is harmless):
   - `decode_tokens_per_s`: 1000 / tpot_ms
   - `cache_read_share`: cache_read_tokens / input_tokens
   - `cost_usd`: the tokens at the list price that applied on the request's
-    date (`proxy/prices.py`, from genai-prices), NULL for an unknown model
+    date (`proxy/common/prices.py`, from genai-prices), NULL for an unknown model
   - `price_source`: the package and version priced from, or 'unknown model'
   - `billing`: 'subscription' for a Claude or ChatGPT login (its cost is a
     list-price equivalent, not money spent), else 'api'
@@ -22,7 +22,7 @@ are replaced each time, so calling it twice is harmless):
   prewarms take a few milliseconds and would pull the percentiles down).
 
 Rows recorded before the `kind` column (an older database or export) get the
-kind their method and path say (`proxy.request_kind.path_kind_sql`).
+kind their method and path say (`proxy.meter.request_kind.path_kind_sql`).
 
 Why the view is named `requests`, like the table: DuckDB looks a name up in
 the temp schema before `main`, so the view shadows the table and users write
@@ -48,8 +48,8 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from proxy.prices import HOST_SQL, MODEL_SQL, SUBSCRIPTION_KINDS, cost_sql, generation as prices_generation
-from proxy.request_kind import path_kind_sql
+from proxy.common.prices import HOST_SQL, MODEL_SQL, SUBSCRIPTION_KINDS, cost_sql, generation as prices_generation
+from proxy.meter.request_kind import path_kind_sql
 
 DERIVED_COLUMNS = ("error", "day", "hour", "decode_tokens_per_s", "cache_read_share", "cost_usd", "price_source",
                    "billing")

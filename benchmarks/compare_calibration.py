@@ -43,7 +43,7 @@ import numpy as np
 
 from analysis.compare import Side, compare
 from analysis.views import create_views
-from proxy.schema import create_tables_sql
+from proxy.common.schema import create_tables_sql
 
 BASE_MS = 400.0
 PER_TOKEN_MS = 0.05  # 20,000 input tokens a second of prefill

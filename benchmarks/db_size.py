@@ -6,7 +6,7 @@ the deltas, content_block_stop, message_delta, message_stop: one chunk row each,
 records them), 0.6 `count_tokens` calls per generation, one `HEAD /` probe per session (a session
 is 40 generations), and 1 % 429/529 answers without a stream. Every request row has every column a
 real one has (ids, fingerprints, session ids, user agent, timings, tokens). The rows go through
-`proxy.store.Store` (`put`, the writer thread, its batches), so the file is exactly what
+`proxy.record.store.Store` (`put`, the writer thread, its batches), so the file is exactly what
 `llmtap serve` writes. `--bodies` also captures bodies as `serve --capture-bodies` would: Claude Code's
 request JSON (15 KB of system prompt, 25 KB of tools, then the session's conversation so far, of
 source code and answers) and the SSE stream, each cut at 256 KiB; the text is the standard
@@ -41,8 +41,9 @@ from pathlib import Path
 import click
 
 from analysis.db_status import fmt_bytes, gather
-from proxy import duck, retention
-from proxy.store import Store
+from proxy.common import duck
+from proxy.record import retention
+from proxy.record.store import Store
 
 UTC = dt.timezone.utc
 MODELS = (("claude-sonnet-4-5-20250929", 0.75, 700, 18), ("claude-opus-4-1-20250805", 0.15, 1100, 30),

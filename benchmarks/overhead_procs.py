@@ -20,7 +20,8 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy import procfs, running
+from tests import procfs
+from proxy.common import instances as running
 
 LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
 TASKSET = shutil.which("taskset")

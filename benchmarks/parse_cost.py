@@ -36,13 +36,13 @@ from collections.abc import Callable
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.dialects.anthropic import Anthropic
-from proxy.dialects.base import Dialect
-from proxy.dialects.gemini import Gemini
-from proxy.dialects.openai_chat import OpenAIChat
-from proxy.dialects.openai_responses import OpenAIResponses
-from proxy.meter import Meter
-from proxy.sse import SSEParser
+from proxy.meter.dialects.anthropic import Anthropic
+from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.gemini import Gemini
+from proxy.meter.dialects.openai_chat import OpenAIChat
+from proxy.meter.dialects.openai_responses import OpenAIResponses
+from proxy.meter.meter import Meter
+from proxy.meter.sse import SSEParser
 
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".\n\n", " naïve", " café", "\n-"]
 JSON_ARGS = ['{"', 'file_path', '": "/src/', 'app.py", "', 'old_string": "', 'def main():\\n', '    return 0', '"}']

@@ -35,10 +35,10 @@ from pathlib import Path
 import click
 import duckdb
 
-from analysis.html_queries import summary_sql
-from analysis.html_report import render_html
+from analysis.html.queries import summary_sql
+from analysis.html.report import render_html
 from analysis.source import open_source
-from proxy.schema import create_tables_sql
+from proxy.common.schema import create_tables_sql
 
 # name, traffic share, dialect, TTFT at 0 input tokens (ms), prefill (ms per 1k input tokens), TPOT (ms)
 MODELS = (

@@ -33,7 +33,8 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from proxy import procfs, running
+from tests import procfs
+from proxy.common import instances as running
 
 RSS_TOLERANCE_MB = 15.0  # over the measured window, beyond the warm-up
 DUCKDB_MEMORY = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"

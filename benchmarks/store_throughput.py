@@ -2,7 +2,7 @@
 
   store           end to end through Store.put() and Store.flush(): put() encodes a request
                   row as JSON text, which DuckDB parses; chunk rows go in as Arrow arrays built
-                  by nanoarrow (proxy/batch.py)
+                  by nanoarrow (proxy/record/batch.py)
   batch           the same INSERTs on a bare connection, as many rows per INSERT as Store
                   (request rows encoded first, inside the timing)
   typed unnest    INSERT INTO t SELECT c0::T0, ... FROM (SELECT unnest($1) AS c0, ...) with one
@@ -12,7 +12,7 @@
 
 "stall" is the longest another thread waited for the GIL meanwhile: building the
 batches holds it, and the event loop that calls put() would wait as long. The GIL
-switch interval is `llmtap serve`'s (proxy/server.py SWITCH_INTERVAL_S, 0.5 ms), not
+switch interval is `llmtap serve`'s (proxy/serve/server.py SWITCH_INTERVAL_S, 0.5 ms), not
 CPython's default 5 ms. On a busy machine the OS scheduler adds its own share.
 
 Run: python benchmarks/store_throughput.py [--requests N] [--chunk-requests N] [--chunks-per-request N]
@@ -34,11 +34,11 @@ from typing import Any
 
 import duckdb
 
-from proxy.batch import CHUNKS, REQUESTS, JsonTable, Table
-from proxy.migrations import migrate
-from proxy.server import SWITCH_INTERVAL_S
-from proxy.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
-from proxy.store import Store
+from proxy.record.batch import CHUNKS, REQUESTS, JsonTable, Table
+from proxy.record.migrations import migrate
+from proxy.serve.server import SWITCH_INTERVAL_S
+from proxy.common.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+from proxy.record.store import Store
 
 
 def request_row(i: int) -> dict[str, Any]:

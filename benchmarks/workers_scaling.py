@@ -40,7 +40,7 @@ from overhead_client import PLAIN_BODY, STREAM_BODY, parse_wrk, sim_headers, wri
 from overhead_procs import (ADMIN_TOKEN, CANNED_HEADER, LLMTAP, BenchError, Procs, cpu_seconds, cpu_model,  # noqa: E402
                             loadavg, nginx_binary, start_canned_upstream, start_upstream, tree)
 
-from proxy import running  # noqa: E402
+from proxy.common import instances as running  # noqa: E402
 
 
 def start_serve(procs: Procs, workers: int, upstream: str) -> tuple[subprocess.Popen, running.AdminClient]:

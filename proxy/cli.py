@@ -9,19 +9,19 @@ from typing import Any
 
 import click
 
-from . import config as cfg
-from .cli_options import config_option, db_option, workers_option
-from .routes import RouteError, parse_route
-from .terminal_text import echo, printable
+from proxy.settings import config as cfg
+from proxy.settings.cli_options import config_option, db_option, workers_option
+from proxy.settings.routes import RouteError, parse_route
+from proxy.common.terminal_text import echo, printable
 
 
 # Every command but serve, as "module:attribute": imported when it runs, so a command loads only what it
 # needs (`llmtap --version` or `llmtap sql` never imports aiohttp's server, the simulator or the bench).
 COMMANDS = {
     "mock-upstream": "proxy.simulator.cli:mock_upstream",
-    "setup": "proxy.connect.cli:setup",
-    "run": "proxy.connect.cli:run",
-    "doctor": "proxy.connect.cli:doctor",
+    "setup": "proxy.tools.cli:setup",
+    "run": "proxy.tools.cli:run",
+    "doctor": "proxy.tools.cli:doctor",
     "sql": "analysis.cli:sql",
     "report": "analysis.cli:report",
     "errors": "analysis.cli:errors",
@@ -37,7 +37,7 @@ COMMANDS = {
     "status": "analysis.upkeep_cli:status",
     "prune": "analysis.upkeep_cli:prune",
     "compact": "analysis.upkeep_cli:compact",
-    "service": "proxy.connect.service_cli:service",
+    "service": "proxy.tools.service_cli:service",
 }
 
 
@@ -60,7 +60,7 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Every command; an error's message can quote stored data (DuckDB's quote a value that does
-        not convert), so it leaves escaped like any output (proxy/terminal_text.py)."""
+        not convert), so it leaves escaped like any output (proxy/common/terminal_text.py)."""
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
@@ -143,8 +143,9 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_specs: tuple[str, ...],
           hosts: tuple[str, ...], print_config: bool, workers: int, **flags: Any) -> None:
     """Run the proxy: forward, relay and measure every request."""
-    from .server import check_bind, run, serve_forever
-    from .store import StoreError
+    from proxy.serve.forever import serve_forever
+    from proxy.serve.server import check_bind, run
+    from proxy.record.store import StoreError
 
     try:
         keys = dict(_pair(spec, "--route-key-env") for spec in route_key_specs)

@@ -31,7 +31,7 @@ from typing import Any
 
 import duckdb
 
-from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, create_tables_sql
+from proxy.common.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, create_tables_sql
 
 DAY0 = datetime(2026, 11, 28, tzinfo=timezone.utc)
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from analysis.views import create_views
-from proxy.config import ServeConfig
-from proxy.server import RunningProxy
+from proxy.settings.config import ServeConfig
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -1,11 +1,11 @@
-"""A test of a detail only a fast path has (proxy/fast_paths.py) is skipped where that path is off:
+"""A test of a detail only a fast path has (proxy/relay/fast_paths.py) is skipped where that path is off:
 `.ci/run` runs the stream tests a second time with LLMTAP_FAST_PATHS=off."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy import fast_paths
+from proxy.relay import fast_paths
 
 
 def on(name: str) -> bool:

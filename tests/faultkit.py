@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy import procfs, running
+from tests import procfs
+from proxy.common import instances as running
 from .waiting import START_S
 
 Handler = Callable[["RawConn"], Awaitable[None]]

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy import admin_sql, procfs, running
-from proxy.server import RunningProxy
+from proxy.record import admin_sql
+from tests import procfs
+from proxy.common import instances as running
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config
 from .faultkit import Serve

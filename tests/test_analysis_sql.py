@@ -23,9 +23,9 @@ from analysis.filters import Filters
 from analysis.source import FileSource, ServeSource, SourceError, open_source
 from analysis.views import DERIVED_COLUMNS, create_views
 from .analysis_fixture import build_fixture_db
-from proxy import paths
+from proxy.common import paths
 from proxy.cli import main
-from proxy.schema import REQUEST_COLUMN_NAMES, create_tables_sql
+from proxy.common.schema import REQUEST_COLUMN_NAMES, create_tables_sql
 
 from .waiting import START_S
 

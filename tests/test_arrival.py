@@ -1,4 +1,4 @@
-"""proxy/arrival.py: each request on a connection is stamped at its own first byte. The checks
+"""proxy/relay/arrival.py: each request on a connection is stamped at its own first byte. The checks
 compare moments on the one monotonic clock the client and the server share in this process
 (which came first), never a duration."""
 
@@ -12,13 +12,13 @@ from time import perf_counter_ns
 import pytest
 from aiohttp import web
 
-from proxy import arrival
+from proxy.relay import arrival
 
 from .fast_path_skips import on
 
 
 async def _stamp(request: web.Request) -> web.Response:
-    now = perf_counter_ns()  # as proxy/app.py's middleware does
+    now = perf_counter_ns()  # as proxy/relay/app.py's middleware does
     stamp = arrival.take(request, now)
     if request.path == "/read":
         await request.read()
@@ -29,7 +29,7 @@ async def _stamp(request: web.Request) -> web.Response:
 async def server() -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", _stamp)
-    runner = arrival.Runner(app, stamps=on("arrival"))  # as serve makes it (proxy/server.py)
+    runner = arrival.Runner(app, stamps=on("arrival"))  # as serve makes it (proxy/serve/server.py)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

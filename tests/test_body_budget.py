@@ -11,8 +11,8 @@ import aiohttp
 import duckdb
 from aiohttp import web
 
-from proxy import procfs
-from proxy.server import RunningProxy
+from tests import procfs
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import Serve, body_of, status_of

@@ -1,4 +1,4 @@
-"""The lean response path (proxy/body_pipe.py): what it must keep that the read-and-write loop gave.
+"""The lean response path (proxy/relay/body_pipe.py): what it must keep that the read-and-write loop gave.
 
 Each test is a case the pipe handles differently from aiohttp's reader: many HTTP chunks in one
 read, a body that is complete before the pipe takes over, a client too slow for a chunked stream,
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy import body_pipe
-from proxy.server import RunningProxy
+from proxy.relay import body_pipe
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .waiting import wait_until, wait_until_still

@@ -5,8 +5,8 @@ import anthropic
 import openai
 import pytest
 
-from proxy.clients import tool_from_headers
-from proxy.fingerprint import key_fingerprint, strip_secret_query
+from proxy.meter.clients import tool_from_headers
+from proxy.meter.fingerprint import key_fingerprint, strip_secret_query
 
 
 def sdk_user_agent(client) -> str:

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
-from proxy.config import ConfigError, ServeConfig, build
-from proxy.routes import RouteTable, make_route, parse_route
+from proxy.settings.config import ConfigError, ServeConfig, build
+from proxy.settings.routes import RouteTable, make_route, parse_route
 
 
 def test_upstream_path_is_kept_and_request_path_appended() -> None:
@@ -75,8 +75,8 @@ def test_non_loopback_needs_allow_remote() -> None:
 
 def test_every_command_means_the_same_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--db, else $LLMTAP_DB, else the config file's db, else the default: for serve and the queries alike."""
-    from proxy.config import resolve_db
-    from proxy.migrations import migrate
+    from proxy.settings.config import resolve_db
+    from proxy.record.migrations import migrate
 
     config = tmp_path / "config.toml"
     configured = tmp_path / "configured.duckdb"

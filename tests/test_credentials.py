@@ -8,9 +8,9 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.config import ConfigError, ServeConfig
-from proxy.fingerprint import secret_fingerprint
-from proxy.server import RunningProxy
+from proxy.settings.config import ConfigError, ServeConfig
+from proxy.meter.fingerprint import secret_fingerprint
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import body_of, raw_exchange, status_of

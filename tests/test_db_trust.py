@@ -2,7 +2,7 @@
 
 `serve --db` in a world-writable directory used to open a valid DuckDB file another user had put
 there (mode 0666) and write prompts into it. Every open for writing now goes through
-proxy/duck.py's `refuse_untrusted`; these tests plant the files as a real second Unix user would
+proxy/common/duck.py's `refuse_untrusted`; these tests plant the files as a real second Unix user would
 (owned by that user) and check that serve, prune and compact refuse them and leave them
 byte for byte as they were.
 """
@@ -21,9 +21,9 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from proxy import running
+from proxy.common import instances as running
 from proxy.cli import main
-from proxy.store import Store, StoreError
+from proxy.record.store import Store, StoreError
 
 from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
 

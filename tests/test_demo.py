@@ -78,7 +78,7 @@ def test_demo_port_try_next_with_db_then_status_and_show_after_serve(tmp_path: P
 
     from click.testing import CliRunner
 
-    from proxy import paths
+    from proxy.common import paths
     from proxy.cli import main
     from .analysis_fixture import build_fixture_db
 

@@ -18,9 +18,9 @@ yaml = pytest.importorskip("yaml")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from proxy.recorder import on_rows
-from proxy.metrics import PrometheusMetrics  # noqa: E402
-from proxy.server import RunningProxy  # noqa: E402
+from proxy.record.recorder import on_rows
+from proxy.observe.metrics import PrometheusMetrics  # noqa: E402
+from proxy.serve.server import RunningProxy  # noqa: E402
 
 from .test_metrics import MESSAGES, MIX, send_mix  # noqa: E402
 from .waiting import wait_until  # noqa: E402

@@ -1,4 +1,4 @@
-"""The quick patterns (proxy/dialects/base.py) against the full parse: every event, every stream,
+"""The quick patterns (proxy/meter/dialects/base.py) against the full parse: every event, every stream,
 the same answer, whichever way its JSON is written, and malformed events the same parse error."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.dialects import anthropic, openai_chat, openai_responses
-from proxy.dialects.base import Dialect, Quick
-from proxy.meter import Meter
-from proxy.sse import SSEParser
+from proxy.meter.dialects import anthropic, openai_chat, openai_responses
+from proxy.meter.dialects.base import Dialect, Quick
+from proxy.meter.meter import Meter
+from proxy.meter.sse import SSEParser
 
 MODULES = {anthropic.Anthropic: anthropic, openai_chat.OpenAIChat: openai_chat,
            openai_responses.OpenAIResponses: openai_responses}
@@ -419,7 +419,7 @@ def test_streams_through_the_meter_make_the_same_rows(cls, monkeypatch):
 
 def test_an_oversized_quick_event_is_dropped_as_before():
     """A quick-shaped event past the parser's limit is relayed but not measured, with or without the shortcut."""
-    import proxy.meter as meter_module
+    import proxy.meter.meter as meter_module
 
     event = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
              b'"text":"' + b"x" * 5000 + b'"}}\n\n')

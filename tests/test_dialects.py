@@ -3,13 +3,13 @@ import random
 import orjson
 import pytest
 
-from proxy.dialects.anthropic import Anthropic
-from proxy.dialects.base import Delta, Dialect, Usage
-from proxy.dialects.detect import detect_dialect
-from proxy.dialects.gemini import Gemini
-from proxy.dialects.openai_chat import OpenAIChat, _plain_text
-from proxy.dialects.openai_responses import OpenAIResponses
-from proxy.sse import SSEParser
+from proxy.meter.dialects.anthropic import Anthropic
+from proxy.meter.dialects.base import Delta, Dialect, Usage
+from proxy.meter.dialects.detect import detect_dialect
+from proxy.meter.dialects.gemini import Gemini
+from proxy.meter.dialects.openai_chat import OpenAIChat, _plain_text
+from proxy.meter.dialects.openai_responses import OpenAIResponses
+from proxy.meter.sse import SSEParser
 
 def d(kind: str, chars: int) -> Delta:
     return Delta(kind, kind in ("text", "refusal"), chars)

@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 
 from analysis import views
-from proxy import schema
+from proxy.common import schema
 from proxy.cli import main
-from proxy.config import ServeConfig
+from proxy.settings.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy import paths
-from proxy.fingerprint import key_fingerprint
-from proxy.server import RunningProxy, write_state
+from proxy.common import paths
+from proxy.meter.fingerprint import key_fingerprint
+from proxy.serve.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

@@ -20,10 +20,10 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from proxy import running
+from proxy.common import instances as running
 from proxy.cli import main
-from proxy.migrations import migrate
-from proxy.server import RunningProxy
+from proxy.record.migrations import migrate
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import Serve, raw_exchange, status_of
@@ -199,7 +199,7 @@ async def test_the_client_key_is_made_once_and_owner_only(tmp_path: Path, monkey
             first = p.state.client_key
         async with RunningProxy(proxy_config(up.url, tmp_path, upstream_key_env="REAL_KEY")) as p:
             assert p.state.client_key == first
-    from proxy import paths
+    from proxy.common import paths
 
     key_file = paths.client_key_path()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
@@ -294,7 +294,7 @@ async def test_another_unix_user_gets_nothing(monkeypatch: pytest.MonkeyPatch) -
             async with RunningProxy(config) as p:
                 state = running.write_state(host="127.0.0.1", port=p.port, db=str(p.config.db_path),
                                             admin_token=p.admin_token)
-                from proxy import paths
+                from proxy.common import paths
 
                 argv = [python, "-c", ATTACK, p.url, str(state), str(paths.client_key_path())]
                 attack = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(

@@ -14,15 +14,15 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from proxy import egress
-from proxy.app import routes_banner
+from proxy.settings import egress
+from proxy.relay.app import routes_banner
 from proxy.cli import main
-from proxy.config import ConfigError, ServeConfig, build
-from proxy.relay_state import ProxyState
-from proxy.server import RunningProxy
+from proxy.settings.config import ConfigError, ServeConfig, build
+from proxy.relay.app_state import ProxyState
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.connect.doctor import Options, diagnose, forward_proxy
+from proxy.tools.doctor import Options, diagnose, forward_proxy
 
 from .conftest import proxy_config, rows
 from .forward_proxy import ForwardProxy, needs_forward_proxy

@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from .analysis_fixture import build_fixture_db, fixture_rows
 from proxy.cli import main
-from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES
+from proxy.common.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES
 
 
 @pytest.fixture(scope="module")

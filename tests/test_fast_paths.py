@@ -1,4 +1,4 @@
-"""proxy/fast_paths.py: a fast path runs only on the aiohttp shape it was written for; elsewhere, or
+"""proxy/relay/fast_paths.py: a fast path runs only on the aiohttp shape it was written for; elsewhere, or
 with LLMTAP_FAST_PATHS=off, the public path relays the same bytes and leaves the same rows."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from proxy import body_pipe, fast_paths, rx_stamp
-from proxy.config import ConfigError
-from proxy.server import RunningProxy
+from proxy.relay import body_pipe, fast_paths, rx_stamp
+from proxy.settings.config import ConfigError
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import SSE, RawConn, RawUpstream, chunk, http_head

@@ -17,12 +17,12 @@ import aiohttp
 import duckdb
 import pytest
 
-from proxy.migrations import MIGRATIONS, migrate
-from proxy.schema import BODY_COLUMNS
-from proxy.server import RunningProxy
+from proxy.record.migrations import MIGRATIONS, migrate
+from proxy.common.schema import BODY_COLUMNS
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.store import Store
+from proxy.record.store import Store
 
 from .conftest import proxy_config
 from .waiting import wait_until, wait_until_sync

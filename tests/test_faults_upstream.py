@@ -14,8 +14,8 @@ import aiohttp
 import brotli
 import pytest
 
-from proxy.decode import DEFAULT_LIMIT
-from proxy.server import RunningProxy
+from proxy.meter.decode import DEFAULT_LIMIT
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import (JSON, SSE, Baseline, RawConn, RawUpstream, Serve, chunk, http_head, peak_rss_mb,

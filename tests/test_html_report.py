@@ -14,12 +14,12 @@ import orjson
 import pytest
 
 from analysis.filters import Filters
-from analysis.html_queries import SCATTER_POINTS
-from analysis.html_report import duckdb_query, render_html
+from analysis.html.queries import SCATTER_POINTS
+from analysis.html.report import duckdb_query, render_html
 from analysis.source import open_source
 from .analysis_fixture import build_fixture_db
 from .browser import Chromium, find_chromium
-from proxy.schema import create_tables_sql
+from proxy.common.schema import create_tables_sql
 
 XSS_MODEL = "<script>alert(1)</script><img src=x onerror=alert(3)>"
 XSS_MESSAGE = "Rate limit <img src=x onerror=alert(2)> reached"

@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy import running
-from proxy.server import RunningProxy
+from proxy.common import instances as running
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

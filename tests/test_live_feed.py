@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.live import VIEWER_QUEUE, LiveFeed, Viewer, frame
-from proxy.server import RunningProxy
+from proxy.observe.live import VIEWER_QUEUE, LiveFeed, Viewer, frame
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
-from proxy.sse import SSEParser
+from proxy.meter.sse import SSEParser
 
 from .conftest import proxy_config
 from .waiting import wait_until
@@ -117,7 +117,7 @@ def test_viewer_queue_is_bounded_and_counts_what_it_drops() -> None:
 
 async def test_a_viewer_that_stops_reading_costs_a_bounded_queue(sim: Simulator, tmp_path: Path) -> None:
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        feed = LiveFeed(p.state, tick_s=0.005)  # the real feed, ticking fast to fill the socket quickly
+        feed = LiveFeed(p.state.recorder, p.state.loop_lag, p.state.report, tick_s=0.005)  # the real feed, ticking fast to fill the socket quickly
         p.state.recorder.observe(feed)
         async with aiohttp.ClientSession() as s:
             big = "x" * 4000  # long session ids make ticks of ~80 kB

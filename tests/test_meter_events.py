@@ -1,11 +1,11 @@
-"""proxy/meter.py without a socket: the named events, in the order the relay fires them, make the row."""
+"""proxy/meter/meter.py without a socket: the named events, in the order the relay fires them, make the row."""
 
 from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.meter import Meter
-from proxy.schema import Outcome
+from proxy.meter.meter import Meter
+from proxy.common.schema import Outcome
 
 MS = 1_000_000  # ns
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.meter import Meter
-from proxy.server import RunningProxy
+from proxy.meter.meter import Meter
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows
@@ -95,8 +95,8 @@ async def test_chunks_can_be_turned_off(sim: Simulator, tmp_path: Path) -> None:
 def test_a_meter_past_its_event_cap_keeps_running_figures_in_bounded_memory() -> None:
     """Three times MAX_EVENTS_KEPT events: the lists stay at the cap (give or take one batch of
     reads), the row's counts and times are exact, the gaps close, and the row says what was kept."""
-    from proxy.meter import MAX_EVENTS_KEPT, PENDING_READS
-    from proxy.stats import quantile
+    from proxy.meter.meter import MAX_EVENTS_KEPT, PENDING_READS
+    from proxy.common.stats import quantile
 
     meter = Meter(received_ns=0, method="POST", path="/v1/chat/completions", query={},
                   headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag=None)
@@ -132,8 +132,8 @@ def test_a_meter_past_its_event_cap_keeps_running_figures_in_bounded_memory() ->
 
 async def test_a_stream_past_the_event_cap_leaves_its_row_and_the_capped_chunk_rows(
         sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import proxy.meter
-    monkeypatch.setattr(proxy.meter, "MAX_EVENTS_KEPT", 50)
+    import proxy.meter.meter
+    monkeypatch.setattr(proxy.meter.meter, "MAX_EVENTS_KEPT", 50)
     headers = {"x-sim-ttft-ms": "0", "x-sim-itl-ms": "0", "x-sim-tokens": "400", "x-sim-prefill-us-per-token": "0"}
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         await timed_stream(p.url + "/v1/chat/completions", BODIES["/v1/chat/completions"], headers)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from proxy.metrics import PrometheusMetrics
-from proxy.recorder import on_rows
-from proxy.server import RunningProxy
+from proxy.observe.metrics import PrometheusMetrics
+from proxy.record.recorder import on_rows
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

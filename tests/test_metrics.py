@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.recorder import on_rows
-from proxy.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, PrometheusMetrics
-from proxy.relay_state import ProxyState
-from proxy.schema import REQUEST_COLUMN_NAMES
-from proxy.server import RunningProxy
+from proxy.record.recorder import on_rows
+from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, PrometheusMetrics
+from proxy.relay.app_state import ProxyState
+from proxy.common.schema import REQUEST_COLUMN_NAMES
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

@@ -3,8 +3,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from proxy.migrations import MIGRATIONS, m001_initial, migrate
-from proxy.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+from proxy.record.migrations import MIGRATIONS, m001_initial, migrate
+from proxy.common.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
 
 
 def columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:

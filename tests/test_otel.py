@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
-from proxy.recorder import on_rows
-from proxy.config import ServeConfig  # noqa: E402
-from proxy.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
-from proxy.otel import OtelExporter, OtelSettings  # noqa: E402
-from proxy.server import RunningProxy  # noqa: E402
+from proxy.record.recorder import on_rows
+from proxy.settings.config import ServeConfig  # noqa: E402
+from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
+from proxy.observe.otel import OtelExporter, OtelSettings  # noqa: E402
+from proxy.serve.server import RunningProxy  # noqa: E402
 
 from .conftest import rows  # noqa: E402
 from .test_metrics import send_mix  # noqa: E402

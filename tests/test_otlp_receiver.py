@@ -32,9 +32,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status  # noqa: E402
 
-from proxy.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
-from proxy.otel import OtelExporter, OtelSettings  # noqa: E402
-from proxy.server import RunningProxy  # noqa: E402
+from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
+from proxy.observe.otel import OtelExporter, OtelSettings  # noqa: E402
+from proxy.serve.server import RunningProxy  # noqa: E402
 from proxy.simulator.app import Simulator  # noqa: E402
 
 from .cli_traffic import CLAUDE_HEADERS  # noqa: E402

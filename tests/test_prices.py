@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from genai_prices import Usage, calc_price
 
 from analysis.source import open_source
-from proxy import prices
+from proxy.common import prices
 from proxy.cli import main
-from proxy.schema import create_tables_sql
+from proxy.common.schema import create_tables_sql
 
 # model as the upstream reported it, upstream host, started_at, (input, cache read, cache write, output, reasoning)
 ROWS: list[tuple[str | None, str, datetime, tuple[int | None, int, int, int | None, int]]] = [

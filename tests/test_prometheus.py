@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.metrics import DURATION_BUCKETS
-from proxy.prices import row_cost
-from proxy.server import RunningProxy
+from proxy.observe.metrics import DURATION_BUCKETS
+from proxy.common.prices import row_cost
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy import ratelimits
-from proxy.fingerprint import credential_kind
-from proxy.server import RunningProxy
+from proxy.meter import ratelimits
+from proxy.meter.fingerprint import credential_kind
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import rows

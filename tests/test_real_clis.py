@@ -27,11 +27,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from proxy.config import ServeConfig
-from proxy.server import RunningProxy, write_state
+from proxy.settings.config import ServeConfig
+from proxy.serve.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import count_input_tokens, expected_text
-from proxy.connect.cli import setup
+from proxy.tools.cli import setup
 
 from .conftest import rows
 

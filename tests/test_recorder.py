@@ -1,4 +1,4 @@
-"""The recorder (proxy/recorder.py): every request's meter, the in-flight registry, rows built in
+"""The recorder (proxy/record/recorder.py): every request's meter, the in-flight registry, rows built in
 batches, and what each observer gets."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import duckdb
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.config import ServeConfig
-from proxy.meter import Meter
-from proxy.recorder import RECORD_BATCH, RECORD_BATCH_BYTES, RECORD_BATCH_EVENTS, RECORD_DELAY_S, Recorder
-from proxy.server import RunningProxy
+from proxy.settings.config import ServeConfig
+from proxy.meter.meter import Meter
+from proxy.record.recorder import RECORD_BATCH, RECORD_BATCH_BYTES, RECORD_BATCH_EVENTS, RECORD_DELAY_S, Recorder
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

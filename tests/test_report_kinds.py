@@ -16,14 +16,14 @@ from analysis import report as report_mod
 from analysis import show as show_mod
 from analysis.error_report import build_error_report, to_table as errors_table
 from analysis.filters import Filters
-from analysis.html_queries import fetch_report_data
-from analysis.html_report import render_html
+from analysis.html.queries import fetch_report_data
+from analysis.html.report import render_html
 from analysis.source import ServeSource
 from analysis.top import run as top_run
 from proxy.cli import main
-from proxy.server import RunningProxy
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
-from proxy.stats import quantile
+from proxy.common.stats import quantile
 
 from .analysis_fixture import build_fixture_db
 from .cli_traffic import daily_mix

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from backports import zstd
 
-from proxy.request_info import BodyTooLarge, RequestInfo, decode_body, parse_request
+from proxy.meter.request_info import BodyTooLarge, RequestInfo, decode_body, parse_request
 
 CLAUDE_SESSION = "3f0e0f6a-9a53-4a51-9a5d-1c2b3c4d5e6f"
 

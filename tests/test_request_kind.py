@@ -6,10 +6,10 @@ import duckdb
 import orjson
 import pytest
 
-from proxy.request_info import parse_request
-from proxy.request_kind import path_kind, path_kind_sql, request_kind
-from proxy.schema import KINDS
-from proxy.server import RunningProxy
+from proxy.meter.request_info import parse_request
+from proxy.meter.request_kind import path_kind, path_kind_sql, request_kind
+from proxy.common.schema import KINDS
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .cli_traffic import daily_mix
@@ -109,7 +109,7 @@ async def test_every_kind_the_real_clis_send_is_recorded(sim: Simulator, proxy: 
 
 def test_the_views_keep_a_stored_kind_and_derive_a_missing_one(tmp_path) -> None:
     from analysis.views import create_views
-    from proxy.schema import create_tables_sql
+    from proxy.common.schema import create_tables_sql
 
     def kinds(rows: list[tuple[str, str, int, str | None]]) -> list[str]:
         path = tmp_path / f"k{len(rows)}.duckdb"

@@ -16,11 +16,11 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from proxy import retention, store as store_mod
+from proxy.record import retention, store as store_mod
 from proxy.cli import main
-from proxy.server import RunningProxy
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
-from proxy.store import Store
+from proxy.record.store import Store
 
 from .conftest import proxy_config, rows
 from .waiting import wait_until
@@ -185,5 +185,5 @@ async def test_status_through_the_serve_that_holds_it(tmp_path: Path):
     assert done.exit_code == 0, done.output
     assert "requests  20" in done.output and "chunks    100" in done.output
     assert f"proxy     llmtap serve (PID {serve.proc.pid}) at {serve.base} records to this file" in done.output
-    fast = next(line for line in done.output.splitlines() if line.startswith("fast      "))  # proxy/fast_paths.py
+    fast = next(line for line in done.output.splitlines() if line.startswith("fast      "))  # proxy/relay/fast_paths.py
     assert "body_pipe" in fast and f"(aiohttp {aiohttp.__version__})" in fast

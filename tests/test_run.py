@@ -10,11 +10,11 @@ from pathlib import Path
 
 import duckdb
 
-from proxy.server import RunningProxy, write_state
+from proxy.serve.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import expected_text
-from proxy.connect.endpoint import base_urls
-from proxy.connect.run import child_env, tool_arguments
+from proxy.tools.endpoint import base_urls
+from proxy.tools.run import child_env, tool_arguments
 
 from .conftest import proxy_config, rows
 

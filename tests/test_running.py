@@ -1,4 +1,4 @@
-"""proxy/running.py: the state files of running proxies and the admin client, against a real proxy."""
+"""proxy/common/instances.py: the state files of running proxies and the admin client, against a real proxy."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path
 
-from proxy import paths, running
-from proxy.server import RunningProxy
+from proxy.common import paths, instances as running
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

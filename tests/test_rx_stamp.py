@@ -1,6 +1,6 @@
 """llmtap's own time goes into llmtap's own columns (#26): a request, or an upstream's headers,
 that waited in the kernel while the proxy's loop was blocked is dated when it came
-(proxy/rx_stamp.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
+(proxy/relay/rx_stamp.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
 network's or the upstream's parts. The loop is blocked deliberately from the test (the client
 path, or a test-only upstream's thread); each check compares moments on the monotonic clock the
 test and the proxy share in this process (the block's start and end against what was recorded),
@@ -18,8 +18,8 @@ from time import perf_counter_ns
 
 import pytest
 
-from proxy import rx_stamp
-from proxy.server import RunningProxy
+from proxy.relay import rx_stamp
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .fast_path_skips import needs

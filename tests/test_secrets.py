@@ -14,9 +14,9 @@ import aiohttp
 import duckdb
 import pytest
 
-from proxy import paths
-from proxy.redact import REDACTED, redact
-from proxy.server import RunningProxy
+from proxy.common import paths
+from proxy.meter.redact import REDACTED, redact
+from proxy.serve.server import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import RawConn, RawUpstream, Serve, chunk, http_head, raw_exchange, sends_events
@@ -165,7 +165,7 @@ async def test_captured_bodies_are_decoded_redacted_and_capped(tmp_path: Path) -
 
 async def test_a_captured_stream_keeps_every_event_the_meter_reads_quickly(tmp_path: Path) -> None:
     """Anthropic's text deltas, compact as the API sends them, are what the meter reads without the
-    SSE parser (proxy/dialects/base.py Quick): captured, each is in the response body even so, and
+    SSE parser (proxy/meter/dialects/base.py Quick): captured, each is in the response body even so, and
     an error event after them sets the row's error."""
     deltas = [b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
               b'"delta":{"type":"text_delta","text":"part %d"}}\n\n' % i for i in range(20)]

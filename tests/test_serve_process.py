@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from proxy import paths, running
+from proxy.common import paths, instances as running
 from proxy.simulator.app import Simulator
 
 from .waiting import START_S, wait_until
@@ -83,7 +83,7 @@ async def test_no_upstream_refuses_to_start(tmp_path: Path) -> None:
 
 
 async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path) -> None:
-    from proxy.server import RunningProxy
+    from proxy.serve.server import RunningProxy
 
     from .conftest import proxy_config
 
@@ -97,14 +97,14 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
 
 
 def test_a_soft_limit_of_open_files_is_raised_towards_the_hard_one() -> None:
-    """A connection holds two descriptors while its next request is read stamped (proxy/rx_stamp.py):
+    """A connection holds two descriptors while its next request is read stamped (proxy/relay/rx_stamp.py):
     serve (tune_runtime) started under a soft limit of 1,024 raises it towards the hard limit."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard <= 1024:
         pytest.skip(f"the hard limit here is {hard}")
-    code = ("import resource; from proxy.server import raise_open_files; raise_open_files(); "
+    code = ("import resource; from proxy.serve.server import raise_open_files; raise_open_files(); "
             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     out = subprocess.run(["bash", "-c", f'ulimit -S -n 1024 && "{sys.executable}" -c "{code}"'],
                          capture_output=True, text=True, timeout=60)

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from proxy import running
+from proxy.common import instances as running
 from proxy.cli import main
 from proxy.simulator.app import Simulator
-from proxy.connect import service as svc
+from proxy.tools import service as svc
 
 LLMTAP = Path(sys.executable).with_name("llmtap")  # the console script of this venv
 

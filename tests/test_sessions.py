@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.top.feed import backfill, ticks
-from proxy.live import LiveFeed
+from proxy.observe.live import LiveFeed
 from analysis.top.model import TopModel, quantile
 from proxy.cli import main
-from proxy.server import RunningProxy
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

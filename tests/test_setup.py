@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
-from proxy.server import RunningProxy, write_state
+from proxy.serve.server import RunningProxy, write_state
 from proxy.simulator.app import Simulator
-from proxy.connect.cli import setup
-from proxy.connect.toml_edit import TomlEditError, set_key_and_table
+from proxy.tools.cli import setup
+from proxy.tools.toml_edit import TomlEditError, set_key_and_table
 
 from .conftest import proxy_config
 from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
@@ -260,7 +260,7 @@ async def test_where_the_proxy_injects_the_key_each_tool_gets_the_client_key(
     passes the proxy's check, and the real key reaches the upstream."""
     import aiohttp
 
-    from proxy.client_key import client_key
+    from proxy.settings.client_key import client_key
 
     from .upstreams import Script, ScriptedUpstream
 
@@ -300,7 +300,7 @@ def test_a_config_given_the_client_key_is_owner_only_and_so_are_its_backups(
     """A second Unix user could read settings.json (0644, as Claude Code leaves it) once setup had
     written llmtap's client key into it, and sent that key through the proxy. Now the file and its
     backup are 0600, and the output says which file was tightened."""
-    from proxy.client_key import client_key
+    from proxy.settings.client_key import client_key
 
     from .other_user import can_read
 

@@ -3,7 +3,7 @@ import tracemalloc
 
 import pytest
 
-from proxy.sse import SSEParser
+from proxy.meter.sse import SSEParser
 
 BOM = b"\xef\xbb\xbf"
 

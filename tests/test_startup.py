@@ -14,8 +14,8 @@ from proxy.cli import COMMANDS, main
 from .analysis_fixture import build_fixture_db
 
 # The proxy's server, the simulator and the bench pull in aiohttp's server and most of the proxy.
-HEAVY = ("aiohttp", "proxy.server", "proxy.app", "proxy.simulator", "analysis.bench", "analysis.top",
-         "analysis.html_report", "uvloop", "opentelemetry", "prometheus_client")
+HEAVY = ("aiohttp", "proxy.serve.server", "proxy.relay.app", "proxy.simulator", "analysis.bench", "analysis.top",
+         "analysis.html.report", "uvloop", "opentelemetry", "prometheus_client")
 
 
 def loaded_after(code: str, tmp_path: Path) -> list[str]:

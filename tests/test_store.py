@@ -15,8 +15,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from proxy.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
-from proxy.store import DatabaseLocked, Store, StoreError, open_readonly
+from proxy.common.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
+from proxy.record.store import DatabaseLocked, Store, StoreError, open_readonly
 
 from .waiting import wait_until_sync
 
@@ -403,7 +403,7 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
 def test_timestamps_come_back_in_utc_on_a_machine_in_another_time_zone(db: Path):
     script = """
 import datetime as dt, sys
-from proxy.store import Store, open_readonly
+from proxy.record.store import Store, open_readonly
 s = Store(sys.argv[1]); s.start()
 s.put({"id": "a", "started_at": dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.timezone.utc)})
 assert s.flush(5)
@@ -419,7 +419,7 @@ print(ts.isoformat(), ts2.isoformat())
 
 
 def test_edge_values_read_back_exactly(store: Store):
-    """The Arrow batches (proxy/batch.py) keep every value as it was: text with NUL and
+    """The Arrow batches (proxy/record/batch.py) keep every value as it was: text with NUL and
     non-ASCII characters, the int64 limits, floats to the last bit, microseconds."""
     texts = ["", "a\x00b", "日本語 ✓ 😀", "x" * 100_000]
     doubles = [0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308]

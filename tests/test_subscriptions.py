@@ -11,12 +11,12 @@ from pathlib import Path
 import aiohttp
 from click.testing import CliRunner
 
-from proxy.server import RunningProxy
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
-from proxy.connect.cli import setup
-from proxy.connect.endpoint import base_urls
-from proxy.connect.run import tool_arguments
-from proxy.connect.setup import Locations, codex_login
+from proxy.tools.cli import setup
+from proxy.tools.endpoint import base_urls
+from proxy.tools.run import tool_arguments
+from proxy.tools.setup import Locations, codex_login
 
 from .conftest import proxy_config, rows
 from .upstreams import Script, ScriptedUpstream

@@ -1,4 +1,4 @@
-"""Stored data reaches the terminal as text, never as control sequences (proxy/terminal_text.py).
+"""Stored data reaches the terminal as text, never as control sequences (proxy/common/terminal_text.py).
 
 An upstream's error message and a `/_tag/` path sent without the client key (answered 401) are
 stored as sent; every command that prints them shows their controls escaped, and `--format json`
@@ -23,10 +23,10 @@ from click.testing import CliRunner
 
 from analysis.top.render import Column, table
 from analysis.top.terminal import paint
-from proxy.app import CLIENT_KEY_NEEDED
+from proxy.relay.app import CLIENT_KEY_NEEDED
 from proxy.cli import main
-from proxy.server import RunningProxy
-from proxy.terminal_text import printable
+from proxy.serve.server import RunningProxy
+from proxy.common.terminal_text import printable
 
 from .conftest import proxy_config, rows
 from .faultkit import raw_exchange, status_of
@@ -177,8 +177,8 @@ def _writes_around(tree: ast.AST) -> list[int]:
 
 
 def test_every_text_for_the_terminal_leaves_through_terminal_text() -> None:
-    """No module writes to stdout or stderr but proxy/terminal_text.py (`echo`, `stderr_line`)."""
-    own = ROOT / "proxy" / "terminal_text.py"
+    """No module writes to stdout or stderr but proxy/common/terminal_text.py (`echo`, `stderr_line`)."""
+    own = ROOT / "proxy" / "common" / "terminal_text.py"
     found = [f"{path.relative_to(ROOT)}:{line}"
              for package in ("proxy", "analysis") for path in sorted((ROOT / package).rglob("*.py")) if path != own
              for line in _writes_around(ast.parse(path.read_text()))]

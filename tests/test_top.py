@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-from proxy import running
+from proxy.common import instances as running
 import pytest
 from click.testing import CliRunner
 

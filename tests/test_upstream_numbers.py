@@ -1,5 +1,5 @@
 """A hostile upstream's numbers: out of range, they are not kept, the row says so, and no row is lost
-(proxy/bounds.py)."""
+(proxy/common/bounds.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from proxy.bounds import RETRY_AFTER_MAX_S, checked
+from proxy.common.bounds import RETRY_AFTER_MAX_S, checked
 
 from .conftest import proxy_config, rows
 from .upstreams import Script, ScriptedUpstream
-from proxy.server import RunningProxy
+from proxy.serve.server import RunningProxy
 
 HUGE = 2**70  # orjson reads it as a float that is an integer: a count past BIGINT
 SSE = [("Content-Type", "text/event-stream")]

@@ -19,9 +19,9 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from proxy import paths, running
+from proxy.common import paths, instances as running
 from proxy.simulator.app import Simulator
-from proxy.workers import VIA_HEADER
+from proxy.serve.workers import VIA_HEADER
 
 from .waiting import START_S
 
@@ -394,7 +394,7 @@ async def test_private_sockets_killed_primaries_left_are_removed_at_start_and_no
 async def test_a_spill_file_someone_else_could_have_written_is_left_alone(sim: Simulator, tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
-    from proxy import spill
+    from proxy.serve import spill
 
     db = tmp_path / "planted.duckdb"
     run_dir = running.private_dir()

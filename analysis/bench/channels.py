@@ -30,15 +30,15 @@ import orjson
 from analysis.filters import sql_string
 from analysis.formatting import csv_text
 from analysis.views import create_views
-from proxy.config import ServeConfig
-from proxy.server import RunningProxy
+from proxy.settings.config import ServeConfig
+from proxy.serve.server import RunningProxy
 
-from . import client
-from .client import Api, Result, Target
-from .prompts import Calibration, PromptMaker, calibrate
-from .runner import BenchError, Budget, Progress, new_tag_base
-from .summary import Stat
-from .upstream import RECORD_WAIT_S, _api_base, _origin, _through, check_base_url, find_serving
+from analysis.bench import client
+from analysis.bench.client import Api, Result, Target
+from analysis.bench.prompts import Calibration, PromptMaker, calibrate
+from analysis.bench.runner import BenchError, Budget, Progress, new_tag_base
+from analysis.bench.summary import Stat
+from analysis.bench.upstream import RECORD_WAIT_S, _api_base, _origin, _through, check_base_url, find_serving
 
 DEFAULT_ROUNDS = 30
 DEFAULT_INPUT = 500
@@ -108,7 +108,7 @@ async def open_channels(api: Api, routes: tuple[str, ...], base_urls: tuple[str,
         base = base_urls[0] if base_urls else _api_base(api, serving.url)
         channels = [Channel(r, _through(serving.url, r, base)) for r in routes]
         from analysis.source import ServeSource
-        from proxy import running
+        from proxy.common import instances as running
 
         source = ServeSource(running.AdminClient(serving.url, serving.admin_token))
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import click
 
-from proxy.server import run as run_loop
-from proxy.store import StoreError
-from proxy.terminal_text import echo
+from proxy.serve.server import run as run_loop
+from proxy.record.store import StoreError
+from proxy.common.terminal_text import echo
 
-from .output import RENDERERS, recording_notes
-from .plan import EXPERIMENTS, PlanOptions, parse_counts
-from .progress import ProgressLine
-from .run import BenchOutcome, BenchRequest, BenchUsageError, bench as run_bench
-from .runner import BenchError, Budget
+from analysis.bench.output import RENDERERS, recording_notes
+from analysis.bench.plan import EXPERIMENTS, PlanOptions, parse_counts
+from analysis.bench.progress import ProgressLine
+from analysis.bench.run import BenchOutcome, BenchRequest, BenchUsageError, bench as run_bench
+from analysis.bench.runner import BenchError, Budget
 
 POSITIVE = click.IntRange(min=1)
 
@@ -122,9 +122,9 @@ def _channels(base_urls: tuple[str, ...], routes_text: str | None, runs: int | N
               max_requests: int | None, max_seconds: float | None, api_key: str | None,
               api_key_env: str | None, options: dict[str, Any]) -> None:
     """`bench --routes` / `--base-url` twice or more (analysis/bench/channels.py)."""
-    from .channels import DEFAULT_INPUT, DEFAULT_MAX_TOKENS, DEFAULT_ROUNDS, RENDERERS as CHANNEL_RENDERERS
-    from .channels import ChannelsUsageError, bench_channels, parse_routes
-    from .run import DEFAULT_KEY_ENV
+    from analysis.bench.channels import DEFAULT_INPUT, DEFAULT_MAX_TOKENS, DEFAULT_ROUNDS, RENDERERS as CHANNEL_RENDERERS
+    from analysis.bench.channels import ChannelsUsageError, bench_channels, parse_routes
+    from analysis.bench.run import DEFAULT_KEY_ENV
 
     api = options["api"]
     try:

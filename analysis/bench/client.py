@@ -24,11 +24,11 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from proxy.dialects.anthropic import Anthropic
-from proxy.dialects.base import Dialect
-from proxy.dialects.openai_chat import OpenAIChat
-from proxy.headers import TAG_HEADER
-from proxy.sse import SSEParser
+from proxy.meter.dialects.anthropic import Anthropic
+from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.openai_chat import OpenAIChat
+from proxy.common.headers import TAG_HEADER
+from proxy.meter.sse import SSEParser
 
 Api = Literal["openai", "anthropic"]
 ANTHROPIC_VERSION = "2023-06-01"

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 from yarl import URL
 
-from ..formatting import csv_text
-from .plan import TITLES
-from .runner import BenchRun
-from .summary import KNEE_GAIN, LATENCY_RISE, ExperimentSummary, PointSummary
+from analysis.formatting import csv_text
+from analysis.bench.plan import TITLES
+from analysis.bench.runner import BenchRun
+from analysis.bench.summary import KNEE_GAIN, LATENCY_RISE, ExperimentSummary, PointSummary
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from proxy.terminal_text import printable
+from proxy.common.terminal_text import printable
 
 REDRAW_S = 0.1
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from proxy.simulator.config import SimConfig
 
-from .client import Api, Target
-from .output import RunInfo
-from .plan import PlanOptions, build_plan
-from .runner import Budget, BenchRun, Progress, run_bench
-from .upstream import BENCH_SIM, SIM_MODELS, check_base_url, open_setup
+from analysis.bench.client import Api, Target
+from analysis.bench.output import RunInfo
+from analysis.bench.plan import PlanOptions, build_plan
+from analysis.bench.runner import Budget, BenchRun, Progress, run_bench
+from analysis.bench.upstream import BENCH_SIM, SIM_MODELS, check_base_url, open_setup
 
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 

@@ -21,11 +21,11 @@ from datetime import datetime, timezone
 
 import aiohttp
 
-from . import client
-from .client import Result, Target
-from .plan import Experiment, Point
-from .prompts import Calibration, PromptMaker, calibrate
-from .summary import ExperimentSummary, mark_knee, summarize_point
+from analysis.bench import client
+from analysis.bench.client import Result, Target
+from analysis.bench.plan import Experiment, Point
+from analysis.bench.prompts import Calibration, PromptMaker, calibrate
+from analysis.bench.summary import ExperimentSummary, mark_knee, summarize_point
 
 Progress = Callable[[int, int, str], None]  # done, planned, what is running
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from proxy.stats import quantile
+from proxy.common.stats import quantile
 
-from .client import Result
-from .plan import Point
+from analysis.bench.client import Result
+from analysis.bench.plan import Point
 
 KNEE_GAIN = 0.20
 LATENCY_RISE = 0.10

@@ -24,13 +24,13 @@ from yarl import URL
 
 from analysis.filters import sql_string
 from analysis.views import create_views
-from proxy import running
-from proxy.config import ServeConfig
-from proxy.server import RunningProxy
+from proxy.common import instances as running
+from proxy.settings.config import ServeConfig
+from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
-from .client import Api
+from analysis.bench.client import Api
 
 BENCH_SIM = SimConfig(ttft_ms=80, itl_ms=15, tokens=100_000, prefill_us_per_token=20, capacity=8)
 SIM_MODELS = {"openai": "sim-gpt", "anthropic": "sim-claude"}

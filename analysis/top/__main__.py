@@ -1,5 +1,5 @@
 """`python -m analysis.top`: the same as `llmtap top`."""
 
-from .cli import top
+from analysis.top.cli import top
 
 top(prog_name="llmtap top")

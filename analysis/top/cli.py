@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from proxy.schema import KINDS
-from proxy.terminal_text import echo
+from proxy.common.schema import KINDS
+from proxy.common.terminal_text import echo
 
-from ..timewindow import parse_span
-from .feed import FeedError, find_proxy
+from analysis.timewindow import parse_span
+from analysis.top.feed import FeedError, find_proxy
 
 
 def _window(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -42,9 +42,9 @@ def top(url: str | None, admin_token: str | None, interval: float, window_s: flo
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
     chosen = () if all_kinds else kinds or ("generation",)
-    from proxy.server import run
+    from proxy.serve.server import run
 
-    from . import run as runner
+    from analysis.top import run as runner
 
     try:
         proxy = find_proxy(url, admin_token)

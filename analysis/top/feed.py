@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy import paths, running
-from proxy.live import FINISHED_FIELDS
-from proxy.running import AdminClient
-from proxy.sse import SSEParser
+from proxy.common import paths, instances as running
+from proxy.observe.live import FINISHED_FIELDS
+from proxy.common.instances import AdminClient
+from proxy.meter.sse import SSEParser
 
 SILENCE_S = 5.0  # the proxy ticks every 250 ms: this much silence means it is gone
 BACKFILL_LIMIT = 50_000

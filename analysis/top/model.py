@@ -17,8 +17,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.request_kind import path_kind
-from proxy.stats import quantile as _sorted_quantile
+from proxy.meter.request_kind import path_kind
+from proxy.common.stats import quantile as _sorted_quantile
 
 Row = dict[str, Any]
 RECENT = 50

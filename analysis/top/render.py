@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.terminal_text import printable
+from proxy.common.terminal_text import printable
 
-from ..formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, fmt_usd, truncate
-from ..report import fmt_wall
-from .model import GroupStats, SessionStats, TopModel
+from analysis.formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, fmt_usd, truncate
+from analysis.report import fmt_wall
+from analysis.top.model import GroupStats, SessionStats, TopModel
 
 MIN_LABEL = 10
 MAX_GROW = 18

@@ -15,10 +15,10 @@ from contextlib import aclosing, suppress
 
 import aiohttp
 
-from .feed import FeedError, Proxy, backfill, ticks
-from .model import TopModel
-from .render import Line, frame
-from .terminal import Terminal
+from analysis.top.feed import FeedError, Proxy, backfill, ticks
+from analysis.top.model import TopModel
+from analysis.top.render import Line, frame
+from analysis.top.terminal import Terminal
 
 RETRY_S = 1.0
 QUIT_KEYS = (b"q", b"Q", b"\x03", b"\x04")  # q, Ctrl-C, Ctrl-D

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TextIO
 
-from proxy.terminal_text import printable
+from proxy.common.terminal_text import printable
 
-from .render import Line
+from analysis.top.render import Line
 
 ALT_SCREEN_ON, ALT_SCREEN_OFF = "\x1b[?1049h", "\x1b[?1049l"
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"

@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .emit import Emitter, Event, sse_named
-from .exchange import Exchange, ToolCall, open_exchange
-from .respond import json_response, respond_json, respond_stream
-from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
+from proxy.simulator.emit import Emitter, Event, sse_named
+from proxy.simulator.exchange import Exchange, ToolCall, open_exchange
+from proxy.simulator.respond import json_response, respond_json, respond_stream
+from proxy.simulator.tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 SIGNATURE = "c2ltdWxhdGVkLXNpZ25hdHVyZQ=="
 

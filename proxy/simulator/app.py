@@ -9,12 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
-from . import anthropic, gemini, openai_chat, openai_responses, websocket
-from .config import SimConfig
-from .exchange import STARTED, SimError
-from .respond import error_response, json_response
-from .slowstart import SlowStart
-from .state import STATE, RecordedRequest, SimState
+from proxy.simulator import anthropic, gemini, openai_chat, openai_responses, websocket
+from proxy.simulator.config import SimConfig
+from proxy.simulator.exchange import STARTED, SimError
+from proxy.simulator.respond import error_response, json_response
+from proxy.simulator.slowstart import SlowStart
+from proxy.simulator.state import STATE, RecordedRequest, SimState
 
 DEFAULT_MODELS = ("sim-gpt", "sim-claude", "sim-gemini")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from .app import Simulator
-from .config import SimConfig
-from ..terminal_text import echo
+from proxy.simulator.app import Simulator
+from proxy.simulator.config import SimConfig
+from proxy.common.terminal_text import echo
 
 DEFAULTS = SimConfig()
 COUNT = click.IntRange(min=0)

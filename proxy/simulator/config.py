@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .tokens import TOOL_NAME
+from proxy.simulator.tokens import TOOL_NAME
 
 
 @dataclass(slots=True)

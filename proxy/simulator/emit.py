@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .pacing import TokenClock
+from proxy.simulator.pacing import TokenClock
 
 Event = dict[str, Any]
 Send = Callable[[bytes], Awaitable[None]]

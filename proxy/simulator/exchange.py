@@ -14,12 +14,12 @@ import brotli
 import orjson
 from aiohttp import web
 
-from . import quota
-from .config import BadOverride, SimConfig, with_overrides
-from .errors import Api
-from .pacing import TokenClock
-from .state import STATE, SimState
-from .tokens import carries_tool_result, count_input_tokens, declared_tools, split_arguments, tool_arg_pieces
+from proxy.simulator import quota
+from proxy.simulator.config import BadOverride, SimConfig, with_overrides
+from proxy.simulator.errors import Api
+from proxy.simulator.pacing import TokenClock
+from proxy.simulator.state import STATE, SimState
+from proxy.simulator.tokens import carries_tool_result, count_input_tokens, declared_tools, split_arguments, tool_arg_pieces
 
 try:
     from compression import zstd  # type: ignore[import-not-found]

@@ -13,11 +13,11 @@ from functools import partial
 import orjson
 from aiohttp import web
 
-from .emit import Emitter, Event, JsonArrayFramer, sse_data
-from .errors import gemini_error
-from .exchange import Exchange, SimError, ToolCall, open_exchange
-from .respond import respond_json, respond_stream
-from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
+from proxy.simulator.emit import Emitter, Event, JsonArrayFramer, sse_data
+from proxy.simulator.errors import gemini_error
+from proxy.simulator.exchange import Exchange, SimError, ToolCall, open_exchange
+from proxy.simulator.respond import respond_json, respond_stream
+from proxy.simulator.tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 STREAM_ERROR = gemini_error(503, "The model is overloaded. Please try again later. (simulated)")
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .emit import Emitter, Event, sse_data
-from .errors import openai_error
-from .exchange import Exchange, ToolCall, open_exchange
-from .respond import respond_json, respond_stream
-from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
+from proxy.simulator.emit import Emitter, Event, sse_data
+from proxy.simulator.errors import openai_error
+from proxy.simulator.exchange import Exchange, ToolCall, open_exchange
+from proxy.simulator.respond import respond_json, respond_stream
+from proxy.simulator.tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 STREAM_ERROR = openai_error(500, "The server had an error while processing your request (simulated)")
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .emit import Emitter, Event, sse_named
-from .exchange import Exchange, ToolCall, open_exchange
-from .respond import respond_json, respond_stream
-from .tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
+from proxy.simulator.emit import Emitter, Event, sse_named
+from proxy.simulator.exchange import Exchange, ToolCall, open_exchange
+from proxy.simulator.respond import respond_json, respond_stream
+from proxy.simulator.tokens import expected_reasoning, expected_text, reasoning_piece, text_piece
 
 FAILURE = {"code": "server_error", "message": "The server had an error while processing your request (simulated)"}
 

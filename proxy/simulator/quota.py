@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import Api
+from proxy.simulator.errors import Api
 
 WARNING_AT = 0.8  # a subscription window this used is `allowed_warning`
 

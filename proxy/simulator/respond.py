@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import quota
-from .emit import Emitter, Event, HttpSink, Stopped
-from .errors import STREAM_ERROR_STATUS, Api, error_body
-from .exchange import Exchange, SimError, new_request_id
-from .state import STATE
+from proxy.simulator import quota
+from proxy.simulator.emit import Emitter, Event, HttpSink, Stopped
+from proxy.simulator.errors import STREAM_ERROR_STATUS, Api, error_body
+from proxy.simulator.exchange import Exchange, SimError, new_request_id
+from proxy.simulator.state import STATE
 
 Produce = Callable[[Emitter, Exchange], Awaitable[None]]
 SSE_TYPE = "text/event-stream; charset=utf-8"

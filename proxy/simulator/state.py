@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .config import SimConfig
-from .pacing import queue_load
-from .quota import Quotas
+from proxy.simulator.config import SimConfig
+from proxy.simulator.pacing import queue_load
+from proxy.simulator.quota import Quotas
 
 RecordedRequest = tuple[str, str, dict[str, str], bytes]
 

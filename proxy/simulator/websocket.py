@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from .config import SimConfig
-from .emit import Emitter, Stopped
-from .exchange import Exchange, SimError, effective_config, new_request_id
-from .openai_responses import Numbered, plan, produce
-from .respond import abort, id_headers
-from .state import STATE, SimState
+from proxy.simulator.config import SimConfig
+from proxy.simulator.emit import Emitter, Stopped
+from proxy.simulator.exchange import Exchange, SimError, effective_config, new_request_id
+from proxy.simulator.openai_responses import Numbered, plan, produce
+from proxy.simulator.respond import abort, id_headers
+from proxy.simulator.state import STATE, SimState
 
 
 def _error_frame(message: str) -> str:

@@ -1,0 +1,579 @@
+"""One request's marks and metrics, from a copy of what the relay moved.
+
+The relay tells the meter what happened, as it happens, with named events (each method's
+docstring says exactly when it fires; mitmproxy's hook style):
+
+- `on_request_read(body)`: the request's body has been read whole;
+- `on_upstream_sent(t)`: the request was handed to the upstream connection pool;
+- `response_started(status, headers, t)`: the upstream's status and headers arrived;
+- `on_chunk(data, t)`: one read of the response body, already written to the client
+  (`on_message(payload, t)` for one upstream frame of a WebSocket response);
+- `on_response_end(t)`: the response's last bytes were handed to the client's connection;
+- `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
+- `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
+
+The request ends with `proxy.record.recorder.Recorder.end(meter, outcome, error)`, which calls `finish`
+once to build the row. Every timestamp is `time.perf_counter_ns()` taken by the relay right
+after the I/O; every duration in the row is milliseconds since `received` (the request's arrival
+at the proxy). The meter does no I/O: it is testable without a socket.
+
+The meter never raises into the relay: the relay wraps each call, and a
+failure here marks the row (`parse_error`) instead of touching traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from itertools import repeat
+from time import perf_counter_ns
+from typing import Any
+
+from multidict import CIMultiDictProxy
+
+from proxy.meter.clients import tool_from_headers
+from proxy.meter.connection_marks import ConnectionMarks
+from proxy.meter.decode import DecodeError, StreamDecoder
+from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.detect import detect_dialect
+from proxy.common import bounds
+from proxy.meter import ratelimits
+from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
+from proxy.meter.gaps import GapHistogram, gaps_ms
+from proxy.meter.redact import redact, request_secrets
+from proxy.meter.request_info import parse_request
+from proxy.common.schema import ERROR_MESSAGE_MAX, Outcome
+from proxy.meter.sse import SSEParser
+
+MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
+# One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
+MAX_SSE_EVENT = 8 * 1024 * 1024
+PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
+PENDING_BYTES = 256 * 1024
+# Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
+# chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
+# (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
+MAX_EVENTS_KEPT = 20_000
+# Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
+QUICK_GIVE_UP = 8
+# No head matched yet: b"\n\n" begins no block of a read split at its blank lines (Meter._events).
+NO_HEAD: tuple[bytes, int, str, bool, int, str | None] = (b"\n\n", 0, "", False, 0, None)
+
+
+IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
+_IDS = random.Random(os.urandom(32))  # seeded once per process (and again in a forked child)
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
+def next_id() -> str:
+    """A random 32-hex-digit request id (128 bits, as unique across processes as a UUID4) without a
+    syscall per request. Its first 8 digits tell rows apart: `llmtap show` takes any unique prefix."""
+    return f"{_IDS.getrandbits(128):032x}"
+
+
+class Meter:
+    """Marks named after the moments they record; docs/columns.md defines the row's columns."""
+
+    __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
+        "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
+        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
+        "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
+        "method", "partial", "path", "query", "received", "request_body", "request_bytes",
+        "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
+        "upstream_headers", "upstream_host", "upstream_sent",
+    )
+
+    def __init__(
+        self,
+        *,
+        received_ns: int,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: CIMultiDictProxy[str],
+        route: str,
+        upstream_host: str,
+        tag: str | None,
+    ) -> None:
+        self.id = next_id()
+        # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
+        self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
+        self.received = received_ns
+        self.method, self.path, self.query, self.headers = method, path, query, headers
+        self.route, self.upstream_host, self.tag = route, upstream_host, tag
+        self.dialect: Dialect = detect_dialect(path)()
+        self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
+        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_gives_up)
+        self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
+        self.request_body = b""
+        self.request_bytes: int | None = None
+        self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
+        self.upstream_sent: int | None = None
+        self.connection: ConnectionMarks | None = None  # stamped by the upstream connector's hooks (conn_timing.py)
+        self.upstream_headers: int | None = None
+        self.first_byte: int | None = None
+        self.status: int | None = None
+        self.retry_after: str | None = None
+        self.limits: dict[str, str] | None = None  # the response's rate-limit headers (proxy/meter/ratelimits.py)
+        self.response_bytes = 0
+        self.response_end: int | None = None  # the last bytes handed to the client (before any wait to drain)
+        self.is_stream = False
+        self._decoder: StreamDecoder | None = None
+        self._sse: SSEParser | None = None
+        self._body: list[bytes] | None = None
+        self._body_len = 0
+        self._pending: list[tuple[bytes, int]] = []  # reads not parsed yet, with their arrival times
+        self._pending_bytes = 0
+        self.times: list[int] = []  # arrival of each output event
+        self.sizes: list[int] = []
+        self.kinds: list[str] = []
+        self._over = 0  # output events past MAX_EVENTS_KEPT, folded into the next two
+        self._gaps: GapHistogram | None = None  # every gap between output events, once over the cap
+        self._last_event: tuple[int, int, str] | None = None  # the last event past the cap: time, size, kind
+        self.first_text: int | None = None
+        self.chars = 0
+        self.broken: str | None = None
+        self.partial = False  # the meter skipped part of the response: a missing terminal event proves nothing
+        self.captured: tuple[Any, ...] | None = None  # the bodies row, with --capture-bodies (proxy/meter/capture.py)
+
+    # -- the relay's observation points --------------------------------------
+
+    def on_request_read(self, body: bytes) -> None:
+        """The request's body has been read whole, before anything goes upstream."""
+        self.request_body = body
+        self.request_bytes = len(body)
+
+    def on_upstream_sent(self, t_ns: int, tls: bool = False) -> ConnectionMarks:
+        """The request was handed to the upstream connection pool: llmtap's own part ends here.
+        Returns the marks its connection's moments go in (proxy/relay/conn_timing.py stamps them;
+        `tls`: an https upstream)."""
+        self.upstream_sent = t_ns
+        self.connection = ConnectionMarks(tls)
+        return self.connection
+
+    def on_response_end(self, t_ns: int) -> None:
+        """The response's last bytes (a chunked body's last chunk) were handed to the client's
+        connection: E2E ends here, not after a wait for the client to drain them (that wait, and the
+        loop turn after it, are the client's reading and llmtap's, not the response's)."""
+        self.response_end = t_ns
+
+    def on_refused(self, status: int) -> None:
+        """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
+        reach): no response came from upstream."""
+        self.status = status
+
+    def on_websocket_turn(self, frame: bytes, t_ns: int) -> None:
+        """A client's `response.create` frame opened a response on a WebSocket (already upgraded:
+        status 101, and every response on it streams)."""
+        self.on_request_read(frame)
+        self.status, self.is_stream = 101, True
+        self.upstream_sent = self.upstream_headers = t_ns
+        self.connection = ConnectionMarks.open_already(t_ns)  # the WebSocket's, open before this turn
+
+    def response_started(self, status: int, headers: CIMultiDictProxy[str], t_ns: int) -> None:
+        """The upstream's status and headers arrived (before any of the body is written to the client)."""
+        self.upstream_headers = t_ns
+        self.status = status
+        self.retry_after = headers.get("retry-after")
+        self.limits = ratelimits.raw(headers)  # None unless a family of rate-limit headers is there
+        if status >= 400 and self.retry_after is None and (ms := headers.get("retry-after-ms")) is not None:
+            self.limits = {**(self.limits or {}), "retry-after-ms": ms}
+        encoding = headers.get("content-encoding")
+        try:
+            self._decoder = StreamDecoder(encoding) if encoding else IDENTITY
+        except DecodeError as exc:
+            self.mark_broken(str(exc))
+        ctype = headers.get("content-type", "")
+        if ctype.startswith("text/event-stream"):
+            self.is_stream = True
+            self._sse = SSEParser(MAX_SSE_EVENT)
+        else:
+            self._body = []
+
+    def on_chunk(self, data: bytes, t_ns: int) -> None:
+        """One read from the upstream, already written to the client: kept with its arrival
+        time, and parsed with the next reads (see `drain`)."""
+        if self.first_byte is None:
+            self.first_byte = t_ns
+        size = len(data)
+        self.response_bytes += size
+        if self._decoder is None:
+            return
+        pending = self._pending
+        pending.append((data, t_ns))
+        self._pending_bytes += size
+        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES:
+            self.drain()
+
+    def drain(self) -> None:
+        """Parse the reads kept so far, each event timed by the read that completed it.
+
+        Parsing reads in batches costs about a quarter less than parsing each as it comes (timed
+        inside serve): between two reads of one stream the loop serves every other stream, and
+        the parser's code and data go cold.
+        Never raises: a failure marks the row and stops measuring the body."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        try:
+            decoder, sse = self._decoder, self._sse
+            if decoder is not None and decoder.identity and sse is not None:
+                self._events(sse, pending)  # a plain stream: the common case, in one loop
+                return
+            for data, t_ns in pending:
+                decoder = self._decoder
+                if decoder is None:
+                    return
+                if decoder.identity:
+                    self._feed(data, t_ns)
+                else:
+                    self._feed_decoded(decoder, data, t_ns)
+        except Exception as exc:
+            self._decoder = None
+            self.partial = True
+            self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+
+    def _events(self, sse: SSEParser, reads: Iterable[tuple[bytes, int]]) -> None:
+        """The output events of some reads of a stream, each timed by its read; every lookup hoisted
+        out of the loop (a plain stream's reads all come here at once, see `drain`).
+
+        A read of whole events (it ends with a blank line and the parser is between events, `idle`)
+        is split at its blank lines when the dialect has a quick pattern (proxy/meter/dialects/base.py),
+        each block one event's lines: a block the pattern matches (most of a stream: its text,
+        thinking and tool-argument deltas) is an output event read from the match, no dialect code
+        run, and one that repeats the last match's head byte for byte has only its rest matched
+        (base.Quick); any other block is fed to the parser (it is idle: the block is read as in the
+        whole read) and its events handed to `on_event`, in the stream's order. Any other read is
+        fed to the parser whole. Either way each event comes out as feeding every read would make it."""
+        dialect = self.dialect
+        feed, limit, quick = sse.feed, sse.max_event_bytes, self._quick
+        times, sizes, kinds = self.times, self.sizes, self.kinds
+        chars = 0
+        first_text = self.first_text
+        if quick is not None:
+            match, rest, table, sets_model = quick
+            # The last head matched (base.Quick: its bytes, length, event_type, visible, where the data
+            # starts, the model), so a block that repeats it is matched from its text on.
+            head, at_text, head_kind, head_visible, head_data, head_model = self._quick_head
+        before, missed, fed = len(times), 0, 0  # output events so far; new ones the pattern missed, not tried
+        try:
+            for data, t_ns in reads:
+                if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
+                    for block in data[:-2].split(b"\n\n"):
+                        if rest is not None and block.startswith(head) and (r := rest(block, at_text)) is not None:
+                            text, kind, visible, at, model = r[1], head_kind, head_visible, head_data, head_model
+                        elif (m := match(block)) is not None:
+                            kind, text = m.group("kind", "text")
+                            kind, visible = table[kind]
+                            at = m.start(1)
+                            model = m["model"].decode() if sets_model and m["model"] else None
+                            if rest is not None:
+                                at_text = m.start("text")
+                                head, head_kind, head_visible, head_data, head_model = (
+                                    block[:at_text], kind, visible, at, model)
+                        else:
+                            text = None
+                        if text is not None:
+                            try:
+                                n = len(text.decode())  # the characters (base.Quick says how)
+                            except UnicodeDecodeError:
+                                n = 0
+                            if n:
+                                if b"\\" in text:
+                                    n -= text.count(b"\\") - text.count(b"\\\\")
+                                if model:
+                                    dialect.response_model = model
+                                times.append(t_ns)
+                                sizes.append(len(block) - at)
+                                kinds.append(kind)
+                                chars += n
+                                if visible and first_text is None:
+                                    first_text = t_ns
+                                continue
+                        found, n, shown = self._parsed(feed(block + b"\n\n"), t_ns)
+                        missed, chars = missed + found, chars + n
+                        if first_text is None:
+                            first_text = shown
+                        if missed and self._quick_gives_up(missed, len(times) - before - missed - fed):
+                            quick = None  # the next reads are fed whole
+                    continue
+                found, n, shown = self._parsed(feed(data), t_ns)
+                fed, chars = fed + found, chars + n
+                if first_text is None:
+                    first_text = shown
+        finally:
+            self.chars += chars
+            self.first_text = first_text
+            if quick is not None:
+                self._quick_misses = max(0, self._quick_misses + missed - (len(times) - before - missed - fed))
+                self._quick_head = head, at_text, head_kind, head_visible, head_data, head_model
+            if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
+                self._fold()
+
+    def _parsed(self, events: list[tuple[str | None, bytes]], t_ns: int) -> tuple[int, int, int | None]:
+        """The output events among some parsed SSE events (the dialect reads each), all timed `t_ns`:
+        how many, their characters, and `t_ns` if one of them was visible text (else None)."""
+        dialect = self.dialect
+        on_event, times, sizes, kinds = dialect.on_event, self.times, self.sizes, self.kinds
+        found = chars = 0
+        shown = None
+        for event, payload in events:
+            delta = on_event(payload, event)
+            if delta is not None:
+                kind, visible, n = delta
+                times.append(t_ns)
+                sizes.append(len(payload))
+                kinds.append(kind)
+                found += 1
+                chars += n
+                if visible:
+                    shown = t_ns
+        if dialect.unstamped:  # a tool call's block ended in these events
+            dialect.stamp(t_ns)
+        return found, chars, shown
+
+    def _quick_gives_up(self, missed: int, matched: int) -> bool:
+        """Whether the stream stops trying its dialect's quick pattern, given the output events of
+        this batch of reads it missed and matched so far: a stream whose events it keeps missing (an
+        API that copies another's with fields of its own, say) does, a miss costing a match on top of
+        the parse. The answer is the same either way; only its cost changes."""
+        if self._quick_misses + missed - matched < QUICK_GIVE_UP:
+            return False
+        self._quick = None
+        return True
+
+    def _feed(self, data: bytes, t_ns: int) -> None:
+        if self._sse is not None:
+            self._events(self._sse, ((data, t_ns),))
+        elif self._body is not None and self._body_len < MAX_JSON_BODY:
+            self._body.append(data)
+            self._body_len += len(data)
+
+    def _feed_decoded(self, decoder: StreamDecoder, data: bytes, t_ns: int) -> None:
+        """A compressed read: its decoded copy, in bounded pieces, up to the decoder's limit."""
+        try:
+            for piece in decoder.pieces(data):
+                self._feed(piece, t_ns)
+        except Exception as exc:  # a corrupt body: stop decoding it, keep relaying it
+            self._decoder = None
+            self.partial = True
+            self.mark_broken(f"cannot decode the {decoder.encoding} body: {type(exc).__name__}: {exc}")
+            return
+        if decoder.exhausted:
+            self._decoder = None
+            self.partial = True
+            self.mark_broken("decoded body over the measuring limit; metrics partial")
+
+    def on_message(self, payload: bytes, t_ns: int) -> None:
+        """One WebSocket text frame from the upstream (Responses over WebSocket)."""
+        if self.first_byte is None:
+            self.first_byte = t_ns
+        self.response_bytes += len(payload)
+        delta = self.dialect.on_event(payload, None)
+        if self.dialect.unstamped:
+            self.dialect.stamp(t_ns)
+        if delta is not None:
+            kind, visible, chars = delta
+            self._output(kind, visible, chars, len(payload), t_ns)
+
+    def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
+        self.times.append(t_ns)
+        self.sizes.append(size)
+        self.kinds.append(kind)
+        self.chars += chars
+        if visible and self.first_text is None:
+            self.first_text = t_ns
+        if len(self.times) > MAX_EVENTS_KEPT:
+            self._fold()
+
+    @property
+    def output_events(self) -> int:
+        """Output events so far, those past the cap included (`times` keeps at most MAX_EVENTS_KEPT)."""
+        return len(self.times) + self._over
+
+    def _fold(self) -> None:
+        """Over MAX_EVENTS_KEPT output events: the first MAX_EVENTS_KEPT stay one by one (their chunk
+        rows), the ones after become running figures: how many, the last one (its time, size and kind,
+        for its chunk row) and every gap in a histogram (`GapHistogram`: exact maximum, p50 and p99
+        within 3%). Called after a batch of reads, so the lists overshoot the cap by one batch at most."""
+        times, cap = self.times, MAX_EVENTS_KEPT
+        gaps = self._gaps
+        if gaps is None:  # the first time: the kept events' gaps go in too, the figures cover them all
+            gaps = self._gaps = GapHistogram()
+            gaps.add(times[0], times[1:cap])
+            prev = times[cap - 1]
+        else:
+            prev = self._last_event[0]  # type: ignore[index]
+        gaps.add(prev, times[cap:])
+        self._over += len(times) - cap
+        self._last_event = (times[-1], self.sizes[-1], self.kinds[-1])
+        del times[cap:], self.sizes[cap:], self.kinds[cap:]
+
+    def mark_broken(self, message: str) -> None:
+        if self.broken is None:
+            self.broken = message[:200]
+
+    # -- the row ----------------------------------------------------------------
+
+    def finish(
+        self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None
+    ) -> tuple[dict[str, Any], list[tuple]]:
+        """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
+        self.drain()
+        if self._body:
+            self._parse_body()
+        if self._sse is not None and self._sse.oversized:
+            self.partial = True
+            self.mark_broken(f"{self._sse.oversized} SSE event(s) over {MAX_SSE_EVENT >> 20} MiB relayed but not measured")
+        d = self.dialect
+        if error is None and d.error_type is not None:
+            error = (d.error_type, d.error_message or "")
+        h, r, times = self.headers, self.received, self.times
+        info = parse_request(self.path, h, self.request_body, method=self.method)
+        self.request_body = b""
+        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
+        ttft = (times[0] - r) / 1e6 if times else None
+        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
+        e2e = (done - r) / 1e6
+        events, parse_error = len(times) + self._over, self.broken or d.parse_error
+        if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
+            last = (self._last_event[0] - r) / 1e6
+            gap_p50, gap_p99, gap_max = self._gaps.quantiles_ms()
+            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
+                      " gap p50/p99 from a histogram (within 3%)")
+            parse_error = f"{parse_error}; {capped}" if parse_error else capped
+        else:
+            last = (times[-1] - r) / 1e6 if times else None
+            gap_p50, gap_p99, gap_max = gaps_ms(times)
+        conn = self.connection
+        pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
+        u, limits = d.usage, dict(self._limits())
+        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
+                "reasoning_tokens": u.reasoning_tokens}
+        if (dropped := bounds.checked(told, limits)) is not None:  # numbers from outside enter the row here
+            parse_error = f"{parse_error}; {dropped}" if parse_error else dropped
+        out, source = told["output_tokens"], "usage" if u.seen() else None
+        if out is None and self.chars:
+            out, source = math.ceil(self.chars / 4), "estimated"
+        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
+            "id": self.id,
+            "started_at": self.started_at,
+            "route": self.route,
+            "upstream_host": self.upstream_host,
+            "method": self.method,
+            "path": self.path,
+            "dialect": d.name,
+            "tool": tool_from_headers(h),
+            "user_agent": h.get("user-agent"),
+            "tag": self.tag,
+            "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
+            "session_id": info.session_id,
+            "request_model": info.request_model,
+            "stream": True if self.is_stream else info.stream,  # what the wire did (SSE, WebSocket), else what was asked
+            "max_tokens": told["max_tokens"],
+            "message_count": info.message_count,
+            "request_bytes": self.request_bytes,
+            "request_parse_error": self._clean(info.request_parse_error),
+            "status": self.status,
+            "response_model": d.response_model,
+            "finish_reason": d.finish_reason,
+            "response_bytes": self.response_bytes,
+            "error_type": error[0] if error else None,
+            "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
+            "outcome": str(outcome or self._outcome()),
+            "parse_error": self._clean(parse_error),
+            "empty_choices_chunks": d.empty_choices_chunks,
+            "retry_after": self.retry_after,
+            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
+            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
+            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
+            "ttft_ms": ttft,
+            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
+            "last_token_ms": last,
+            "e2e_ms": e2e,
+            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,
+            "gap_p50_ms": gap_p50,
+            "gap_p99_ms": gap_p99,
+            "gap_max_ms": gap_max,
+            "output_events": events,
+            "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
+            "input_tokens": told["input_tokens"],
+            "output_tokens": out,
+            "cache_read_tokens": told["cache_read_tokens"],
+            "cache_creation_tokens": told["cache_creation_tokens"],
+            "reasoning_tokens": told["reasoning_tokens"],
+            "tokens_source": source,
+            "kind": info.kind,
+            "connection_reused": None if conn is None else conn.reused,
+            "pool_wait_ms": pool_wait,
+            "dns_ms": dns,
+            "connect_ms": connect,
+            "tls_ms": tls,
+            "upstream_wait_ms": upstream_wait,
+            "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
+            "decode_ms": last - ttft if last is not None and ttft is not None else None,
+            "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
+            **limits,
+            "tool_calls": self._tool_calls(done) if d.tool_calls else None,
+            "tool_results": info.tool_results,
+            "proxy_wait_ms": proxy_wait,
+        }
+        bounds.text_checked(row)
+        return row, self._chunk_rows()
+
+    def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
+        """The `tool_calls` column: each call's id, name and when its block ended (ms from arrival); a
+        whole body's calls end with it (`end_ns`, the response's end as e2e_ms has it), a stream's call
+        whose block never ended has none."""
+        r, whole = self.received, not self.is_stream
+        return [{"id": call_id, "name": name,
+                 "ended_ms": (ended - r) / 1e6 if ended > 0 else (end_ns - r) / 1e6 if whole else None}
+                for call_id, name, ended in self.dialect.tool_calls or ()]
+
+    def _limits(self) -> dict[str, Any]:
+        """The rate-limit columns (proxy/meter/ratelimits.py), resets given as durations counted from the
+        wall-clock time the headers arrived."""
+        found, retry = self.limits, self.retry_after
+        if found is None and retry is None:
+            return ratelimits.EMPTY
+        at = self.started_at
+        if self.upstream_headers is not None:
+            at += timedelta(microseconds=(self.upstream_headers - self.received) / 1000)
+        return ratelimits.parse(found, retry, (found or {}).get("retry-after-ms"), at)
+
+    def _chunk_rows(self) -> list[tuple]:
+        rid, r, times = self.id, self.received, self.times
+        # (request id, seq, offset in ms, size, kind): tuples made by zip, one Python step per chunk
+        chunks = list(zip(repeat(rid), range(len(times)), [(t - r) / 1e6 for t in times], self.sizes, self.kinds))
+        if self._last_event is not None:  # past the cap: the last event's row too, with its own seq
+            t, size, kind = self._last_event
+            chunks.append((rid, len(self.times) + self._over - 1, (t - r) / 1e6, size, kind))
+        return chunks
+
+    def secrets(self) -> list[str]:
+        """The credentials this request carried (and an injected one): never to be written anywhere."""
+        return request_secrets(self.headers, self.query, (self.credential,))
+
+    def _clean(self, text: str | None) -> str | None:
+        """Upstream error messages can echo a key back; messages of ours can hold a URL with one."""
+        return redact(text, self.secrets()) if text else text
+
+    def _outcome(self) -> Outcome:
+        if self.status is not None and self.status >= 400:
+            return Outcome.HTTP_ERROR
+        if self.dialect.error_type is not None:
+            return Outcome.STREAM_ERROR
+        if self.is_stream and self.dialect.has_terminal_event and not self.dialect.terminal and not self.partial:
+            return Outcome.STREAM_TRUNCATED
+        return Outcome.OK
+
+    def _parse_body(self) -> None:
+        body = b"".join(self._body or ())
+        self._body = None
+        if self._body_len >= MAX_JSON_BODY:
+            self.mark_broken("response body too large to parse for usage")
+            return
+        if body:
+            self.dialect.on_body(body)

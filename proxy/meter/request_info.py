@@ -1,0 +1,184 @@
+"""What a request asked for: model, streaming, limits, size, session, and what it is (its kind).
+
+Read from a copy of the request body (decoded if the client compressed it:
+Codex sends zstd bodies) and never raising: a body that should be JSON and is
+not is recorded in `request_parse_error` and forwarded untouched all the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.meter.decode import decode_all
+from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.detect import detect_dialect
+from proxy.meter.dialects.gemini import Gemini
+from proxy.common.headers import header_getter
+from proxy.meter.request_kind import request_kind
+
+MAX_DECODED_BYTES = 64 * 1024 * 1024
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
+
+_GEMINI_MODEL = re.compile(r"/models/([^/:?]+):")
+_OLD_CLAUDE_SESSION = re.compile(r"_session_([0-9a-fA-F-]{36})$")
+_BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+@dataclass
+class RequestInfo:
+    request_model: str | None = None
+    stream: bool | None = None
+    max_tokens: int | None = None
+    message_count: int | None = None
+    session_id: str | None = None
+    request_parse_error: str | None = None
+    kind: str | None = None  # proxy.meter.request_kind.KINDS
+    # The tool results the request carries, new since the model last spoke: [{"id", "name"}]
+    # (the `tool_results` column; the dialect reads its API's shape)
+    tool_results: list[dict[str, str | None]] | None = None
+
+
+def parse_request(
+    path: str, headers: Mapping[str, str], body: bytes, method: str | None = None
+) -> RequestInfo:
+    """`method` is optional: without it a non-JSON body is judged as a POST's."""
+    get = header_getter(headers)
+    info = RequestInfo()
+    obj = _json_body(info, get, body, method)
+    _from_path(info, path, obj)
+    if isinstance(obj, dict):
+        try:
+            _from_body(info, obj)
+        except Exception as exc:  # a field of an unexpected type
+            info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
+        _tool_results(info, path, obj)
+    info.session_id = _header_session(get) or info.session_id
+    info.kind = request_kind(method or "POST", path, get, obj)
+    return info
+
+
+def _json_body(
+    info: RequestInfo, get: Callable[..., Any], body: bytes, method: str | None
+) -> Any:
+    if not body:
+        return None
+    encoding = get("content-encoding", "")
+    if encoding:
+        try:
+            body = decode_body(body, encoding)
+        except Exception as exc:
+            info.request_parse_error = f"content-encoding {encoding}: {exc}"[:200]
+            return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        content_type = get("content-type", "").lower()
+        expected = "json" in content_type or (
+            not content_type and (method or "POST").upper() not in _BODYLESS_METHODS
+        )
+        if expected:
+            info.request_parse_error = f"body is not JSON: {exc}"[:200]
+        return None
+
+
+def decode_body(body: bytes, content_encoding: str, limit: int = MAX_DECODED_BYTES) -> bytes:
+    """Undo each Content-Encoding (with proxy.meter.decode); more than `limit` bytes out is BodyTooLarge."""
+    out = decode_all(body, content_encoding, limit + 1)
+    if len(out) > limit:
+        raise BodyTooLarge(f"decodes to more than {limit} bytes")
+    return out
+
+
+def _from_path(info: RequestInfo, path: str, obj: Any) -> None:
+    """Gemini puts the model and the streaming choice in the path."""
+    path = path.split("?", 1)[0]
+    dialect = detect_dialect(path)
+    if dialect is Gemini:
+        match = _GEMINI_MODEL.search(path)
+        if match:
+            info.request_model = match.group(1)
+        info.stream = ":streamgeneratecontent" in path.lower()
+    elif dialect is not Dialect and isinstance(obj, dict):
+        info.stream = False  # the generation APIs stream only when asked to
+
+
+def _from_body(info: RequestInfo, obj: dict[str, Any]) -> None:
+    model = obj.get("model")
+    if isinstance(model, str):
+        info.request_model = model
+    stream = obj.get("stream")
+    if isinstance(stream, bool):
+        info.stream = stream
+    info.max_tokens = _max_tokens(obj)
+    info.message_count = _message_count(obj)
+    info.session_id = _metadata_session(obj.get("metadata"))
+
+
+def _tool_results(info: RequestInfo, path: str, obj: dict[str, Any]) -> None:
+    try:
+        results = detect_dialect(path).tool_results(obj)
+    except Exception as exc:  # a field of an unexpected type
+        info.request_parse_error = info.request_parse_error or f"tool results: {type(exc).__name__}: {exc}"[:200]
+        return
+    if results:
+        info.tool_results = [{"id": call_id, "name": name} for call_id, name in results]
+
+
+def _max_tokens(obj: dict[str, Any]) -> int | None:
+    config = obj.get("generationConfig")
+    candidates = (
+        obj.get("max_tokens"),
+        obj.get("max_completion_tokens"),
+        obj.get("max_output_tokens"),
+        config.get("maxOutputTokens") if isinstance(config, dict) else None,
+    )
+    for value in candidates:
+        if type(value) is int:
+            return value
+    return None
+
+
+def _message_count(obj: dict[str, Any]) -> int | None:
+    for key in ("messages", "input", "contents"):
+        value = obj.get(key)
+        if isinstance(value, list):
+            return len(value)
+        if key == "input" and isinstance(value, str):
+            return 1
+    return None
+
+
+def _metadata_session(metadata: Any) -> str | None:
+    """Claude Code's `metadata.user_id`: a JSON string holding `session_id`
+    (current), or `user_<hash>_account_<uuid>_session_<uuid>` (older)."""
+    if not isinstance(metadata, dict):
+        return None
+    user_id = metadata.get("user_id")
+    if not isinstance(user_id, str) or not user_id:
+        return None
+    if user_id.startswith("{"):
+        try:
+            value = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return user_id
+        session = value.get("session_id") if isinstance(value, dict) else None
+        return session if isinstance(session, str) and session else None
+    match = _OLD_CLAUDE_SESSION.search(user_id)
+    return match.group(1) if match else user_id
+
+
+def _header_session(get: Callable[..., Any]) -> str | None:
+    for name in SESSION_HEADERS:
+        value = get(name)
+        if value:
+            return value
+    return None

@@ -1,0 +1,210 @@
+"""The admin endpoint under /_llmtap/: health, and SQL for `llmtap sql` while serving.
+
+DuckDB lets one process write a file, so while `llmtap serve` runs, the CLI
+asks the proxy to run its read-only query. It answers loopback peers only
+(unless --allow-remote), and always asks for the admin token (`allowed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import socket
+import struct
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.record import admin_sql
+from proxy.observe import live
+from proxy.settings.client_key import same_secret
+from proxy.relay.app_state import STATE, ProxyState
+from proxy.common.instances import ADMIN_PREFIX, TOKEN_HEADER
+
+FLUSH_BEFORE_QUERY_S = 2.0
+
+MAX_ROWS = 100_000  # per answer; "truncated": true says there were more
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote == "127.0.0.1" or remote == "::1":  # the common case, without parsing
+        return True
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack socket
+    return (mapped or ip).is_loopback
+
+
+def _local_name(host: str | None) -> bool:
+    """A Host or Origin naming this machine; anything else is a browser page's own name (DNS rebinding)."""
+    if not host:
+        return True
+    name = host.rsplit("://", 1)[-1].lower()
+    name = name[1:].partition("]")[0] if name.startswith("[") else name.rsplit(":", 1)[0]
+    return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
+
+
+def allowed(request: web.Request, state: ProxyState) -> bool:
+    """Loopback peers only, unless `--allow-remote`; and always the admin token.
+
+    The token is made per start unless configured, and kept in the owner-only state file
+    (proxy/common/instances.py): another Unix user cannot read it, and a web page cannot read files, nor
+    send a custom header cross-site without a preflight (which llmtap refuses). A browser page is
+    refused even with a token (its Origin, or its own name in Host: DNS rebinding).
+    """
+    if not (_is_loopback(request.remote) or state.config.allow_remote):
+        return False
+    if not _token_sent(request, state.admin_token):
+        return False
+    origin = request.headers.get("Origin")
+    return origin is None and (state.config.allow_remote or _local_name(request.host))
+
+
+FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
+             "--allow-remote) carrying the admin token in X-Llmtap-Admin-Token or Authorization: "
+             "Bearer; llmtap's own commands read it from the running proxy's owner-only state "
+             "file (or set it with --admin-token-file / $LLMTAP_ADMIN_TOKEN)")
+
+
+def forbidden() -> web.Response:
+    return _json({"error": FORBIDDEN}, 403)
+
+
+def _token_sent(request: web.Request, token: str) -> bool:
+    sent = request.headers.get(TOKEN_HEADER) or request.headers.get("Authorization", "").removeprefix("Bearer ")
+    return same_secret(sent, token)  # bytes in constant time: a value that is not UTF-8 is just wrong
+
+
+async def handle(request: web.Request, name: str) -> web.StreamResponse:
+    """A request under /_llmtap/ on the relay's port. In a `serve --workers` worker, once allowed
+    here by the same rules, it is answered by the primary (which holds the database, the metrics
+    and the live feed) through the primary's private socket: `state.admin_relay`."""
+    state = request.app[STATE]
+    if not allowed(request, state):
+        return forbidden()
+    if state.admin_relay is not None:
+        return await state.admin_relay(request, name)
+    return await answer(request, state, name)
+
+
+async def answer(request: web.Request, state: ProxyState, name: str) -> web.StreamResponse:
+    """An allowed admin request, answered by this process."""
+    if name == "health" and request.method == "GET":
+        return _json(health(state))
+    if name == "live" and request.method == "GET":
+        return await live.stream(request, live.feed_of(state.recorder, state.loop_lag, state.report))
+    if name == "sql" and request.method == "POST":
+        return await sql(request, state)
+    if name == "metrics" and request.method == "GET":
+        return await metrics(state)
+    return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
+
+
+def health(state: ProxyState) -> dict[str, Any]:
+    store = state.store
+    stats = store.stats() if store is not None else None
+    return {
+        # "ok": serving (every admin client finds the proxy by it); what needs a look is in "warnings": writes
+        # to the database failing (a full disk; since when, what waits and what was dropped), the file removed
+        "ok": True,
+        "warnings": stats["warnings"] if stats is not None else [],
+        "db": str(state.config.db_path) if store is not None else None,
+        "requests_seen": state.requests_seen,
+        "url_tags": True,  # /_tag/<tag>/ base URLs are understood
+        "routes": [{"prefix": r.label, "upstream": str(r.upstream), "injects_key": r.credential is not None}
+                   for r in state.routes.routes],
+        "event_loop_lag": state.loop_lag.summary(),  # this process's: with --workers, the primary's
+        "fast_paths": fast_paths(state),  # which of aiohttp's internals this process uses (proxy/relay/fast_paths.py)
+        "store": stats,
+        "sql_queries": state.admin_sql.pending if state.admin_sql is not None else 0,  # running or queued
+        **({"workers": state.workers.health()} if state.workers is not None else {}),
+    }
+
+
+def fast_paths(state: ProxyState) -> dict[str, Any]:
+    """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
+    and whether arrivals are dated by the kernel's receive time (proxy/relay/rx_stamp.py)."""
+    from proxy.relay import rx_stamp
+
+    connector = getattr(getattr(state, "session", None), "connector", None)
+    found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
+    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
+
+
+async def metrics(state: ProxyState) -> web.Response:
+    """The Prometheus scrape, rendered off the event loop (prometheus_client is thread-safe)."""
+    if state.metrics is None:
+        return _json({"error": "this proxy has no metrics"}, 404)
+    body, content_type = await asyncio.get_running_loop().run_in_executor(None, state.metrics.render)
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def sql(request: web.Request, state: ProxyState) -> web.Response:
+    """One read-only query (store.Store.query) in admin SQL's own threads (proxy/record/admin_sql.py), with
+    its timeout and its answer's byte cap; stopped when the client goes away. The rows of requests
+    already over are written first (at most FLUSH_BEFORE_QUERY_S), so `llmtap sql`, `report` and
+    `errors` right after a tool exits see its requests."""
+    if state.store is None or state.admin_sql is None:
+        return _json({"error": "this proxy is not recording to a database"}, 400)
+    try:
+        query = orjson.loads(await request.read())["sql"]
+        if not isinstance(query, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return _json({"error": 'send JSON {"sql": "SELECT ..."}'}, 400)
+    store, max_bytes = state.store, state.config.sql_max_bytes
+    state.recorder.record_ended()  # the requests over already are in the answer, not a second later
+
+    def run(stop: Any) -> Any:
+        store.flush(FLUSH_BEFORE_QUERY_S)
+        return store.query(query, None, MAX_ROWS + 1, max_bytes=max_bytes, stop=stop)
+
+    try:
+        columns, types, rows = await state.admin_sql.run(run)
+    except (admin_sql.Busy, admin_sql.Closed) as exc:
+        return _json({"error": str(exc)}, 503)
+    except Exception as exc:  # the query's own error, its timeout, its size: for the user
+        return _json({"error": str(exc)}, 400)
+    truncated = len(rows) > MAX_ROWS
+    return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})
+
+
+# -- serve --workers N: the primary's private admin socket -----------------------------------------
+
+
+def private_app(state: ProxyState) -> web.Application:
+    """What the primary answers on its private Unix socket (in the 0700 run directory): the admin
+    requests its workers were sent and allowed, relayed with the token. It checks again: the peer
+    is a process of this Unix user (SO_PEERCRED) and sends the admin token."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app.router.add_route("*", ADMIN_PREFIX + "{name:.*}", _private)
+    return app
+
+
+async def _private(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if not (_same_user(request) and _token_sent(request, state.admin_token)):
+        return _json({"error": FORBIDDEN}, 403)
+    return await answer(request, state, request.match_info["name"])
+
+
+def _same_user(request: web.Request) -> bool:
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or getattr(socket, "SO_PEERCRED", None) is None:
+        return False
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except (OSError, struct.error):
+        return False
+    return uid == os.getuid()

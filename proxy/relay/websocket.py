@@ -1,0 +1,147 @@
+"""WebSocket relay (Codex's transport for the Responses API), frame by frame both ways.
+
+One row per response: a client `response.create` frame starts a meter, the
+upstream's frames feed it, and the terminal event (or the end of the
+connection) records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter_ns
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from proxy.relay.errors import error_response
+from proxy.relay.reverse import outgoing_headers, proxy_failure, proxy_refused, start_meter
+from proxy.meter.meter import Meter
+from proxy.relay.app_state import STATE, ProxyState
+from proxy.settings.routes import Route
+from proxy.common.schema import Outcome
+
+# aiohttp's WebSocket client makes its own handshake headers.
+_HANDSHAKE = ("sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+              "sec-websocket-protocol", "sec-websocket-accept")
+
+
+def is_upgrade(request: web.Request) -> bool:
+    return request.headers.get("Upgrade", "").lower() == "websocket"
+
+
+def _protocols(request: web.Request) -> tuple[str, ...]:
+    value = request.headers.get("Sec-WebSocket-Protocol", "")
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+class _Turns:
+    """The meter of the response under way on this connection; each starts at its `response.create`."""
+
+    def __init__(self, state: ProxyState, request: web.Request, route: Route, path: str) -> None:
+        self.state, self.request, self.route, self.path = state, request, route, path
+        self.meter: Meter | None = None
+
+    def client_frame(self, text: str) -> None:
+        if not self.state.config.measure or '"response.create"' not in text:
+            return
+        self.end(Outcome.STREAM_TRUNCATED, ("superseded", "a new response.create arrived before this response ended"))
+        now = perf_counter_ns()
+        meter = start_meter(self.state, self.request, self.route, self.path, now)
+        if meter is None:
+            return
+        meter.on_websocket_turn(text.encode(), now)
+        self.meter = meter
+
+    def upstream_frame(self, data: bytes) -> None:
+        meter = self.meter
+        if meter is None:
+            return
+        try:
+            meter.on_message(data, perf_counter_ns())
+        except Exception as exc:
+            meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+        if meter.dialect.terminal:
+            self.end(None, None)
+
+    def end(self, outcome: Outcome | None, error: tuple[str, str] | None) -> None:
+        if self.meter is not None:
+            self.state.recorder.end(self.meter, outcome, error)
+            self.meter = None
+
+
+async def relay(request: web.Request, route: Route, path: str, query: str, received: int) -> web.StreamResponse:
+    state = request.app[STATE]
+    turns = _Turns(state, request, route, path)
+    url = route.target(path, query)
+    url = url.with_scheme("wss" if url.scheme == "https" else "ws")
+    headers = outgoing_headers(request, route, path)
+    for name in _HANDSHAKE:
+        headers.popall(name, None)
+    try:
+        upstream = await state.session.ws_connect(url, headers=headers, protocols=_protocols(request),
+                                                  autoping=True, max_msg_size=0, compress=0,
+                                                  proxy=route.proxy, proxy_auth=route.proxy_auth)
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
+            status, code, message = proxy_refused(route, 407)
+            return _refuse(turns, received, status, message, code, Outcome.UPSTREAM_UNREACHABLE)
+        message = f"upstream refused the WebSocket upgrade with HTTP {exc.status}"
+        return _refuse(turns, received, exc.status, message, "websocket_refused", Outcome.HTTP_ERROR)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if (failed := proxy_failure(exc, route)) is not None:
+            status, code, message = failed
+            return _refuse(turns, received, status, message, code,
+                           Outcome.UPSTREAM_TIMEOUT if status == 504 else Outcome.UPSTREAM_UNREACHABLE)
+        message = f"cannot reach upstream {route.upstream.host} for a WebSocket: {type(exc).__name__}"
+        return _refuse(turns, received, 502, message, "upstream_unreachable", Outcome.UPSTREAM_UNREACHABLE)
+    client = web.WebSocketResponse(protocols=_protocols(request), autoping=True, max_msg_size=0, compress=False)
+    await client.prepare(request)
+    try:
+        closer = await _pump(client, upstream, turns)
+    except asyncio.CancelledError:
+        turns.end(Outcome.CLIENT_DISCONNECTED, ("client_disconnected", "the client closed the WebSocket"))
+        raise
+    finally:
+        await upstream.close()
+    outcome = Outcome.CLIENT_DISCONNECTED if closer == "client" else Outcome.STREAM_TRUNCATED
+    turns.end(outcome, (str(outcome), f"the {closer} closed the WebSocket before the response completed"))
+    return client
+
+
+def _refuse(turns: _Turns, received: int, status: int, message: str, code: str, outcome: Outcome) -> web.Response:
+    """The upgrade failed before any frame: the client gets the status, the row says why."""
+    turns.meter = start_meter(turns.state, turns.request, turns.route, turns.path, received)
+    if turns.meter is not None:
+        turns.meter.on_refused(status)
+        turns.end(outcome, (code, message))
+    return error_response(turns.path, status, f"llmtap: {message}", code)
+
+
+async def _pump(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse, turns: _Turns) -> str:
+    """Relays until one side closes; returns which: "client" or "upstream"."""
+    async def client_to_upstream() -> None:
+        async for msg in client:
+            if msg.type == WSMsgType.TEXT:
+                turns.client_frame(msg.data)
+                await upstream.send_str(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await upstream.send_bytes(msg.data)
+        await upstream.close()
+
+    async def upstream_to_client() -> None:
+        async for msg in upstream:
+            if msg.type == WSMsgType.TEXT:
+                await client.send_str(msg.data)
+                turns.upstream_frame(msg.data.encode())
+            elif msg.type == WSMsgType.BINARY:
+                await client.send_bytes(msg.data)
+        await client.close(code=upstream.close_code or 1000)
+
+    tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return "client" if tasks[0] in done else "upstream"
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
