@@ -13,7 +13,7 @@ from proxy.common import instances as running
 from proxy.common.terminal_text import stderr_line
 from proxy.record.store import QuerySetup
 from proxy.relay.app import routes_banner
-from proxy.serve.server import RunningProxy, remote_warning, tune_runtime
+from proxy.serve.server import RunningProxy, remote_warning, tune_runtime, write_state
 from proxy.serve.workers import Workers
 from proxy.settings.config import ServeConfig
 
@@ -76,9 +76,3 @@ async def _load_spills(proxy: RunningProxy, report: Callable[[str], None]) -> No
     while True:
         await loop.run_in_executor(None, spill.load, proxy.store, proxy.config.db_path, report)
         await asyncio.sleep(spill.RESCAN_S)
-
-
-def write_state(proxy: RunningProxy, workers: list[int] | None = None) -> Path:
-    db = str(proxy.config.db_path) if proxy.store is not None else None
-    return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token,
-                               workers=workers)

@@ -10,6 +10,7 @@ import ipaddress
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
@@ -252,6 +253,12 @@ def _refuse_taken(host: str, port: int, required: bool) -> None:
             raise
     finally:
         probe.close()
+
+
+def write_state(proxy: RunningProxy, workers: list[int] | None = None) -> Path:
+    db = str(proxy.config.db_path) if proxy.store is not None else None
+    return running.write_state(host=proxy.config.main_host, port=proxy.port, db=db, admin_token=proxy.admin_token,
+                               workers=workers)
 
 
 SWITCH_INTERVAL_S = 0.0005
