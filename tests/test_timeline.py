@@ -189,17 +189,18 @@ def test_a_long_gap_splits_a_session_and_a_tool_without_ids_is_inferred(tmp_path
 
 
 async def slow_among_peers(sim: Simulator, tmp_path: Path) -> str:
-    """Three sessions on one model at the upstream's 2 ms a token, one at 300 ms (however busy the machine,
-    not within 3x); the database."""
+    """Three sessions on one model at the upstream's 20 ms a token, one at 300 ms (15x: however busy the
+    machine, a loaded loop's stalls neither lift a 20 ms session to 3x its peers nor bring the slow one
+    within it); the database."""
     async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         async with aiohttp.ClientSession() as s:
             async def one(session: str, itl: str) -> None:
-                headers = {**FAST, "x-sim-itl-ms": itl, "x-sim-tokens": "4", "x-claude-code-session-id": session,
+                headers = {**FAST, "x-sim-itl-ms": itl, "x-sim-tokens": "6", "x-claude-code-session-id": session,
                            "user-agent": "claude-cli/2.1.197 (external, cli)"}
                 async with s.post(p.url + "/v1/messages", json=claude_body([{"role": "user", "content": "hi"}]),
                                   headers=headers) as r:
                     await r.read()
-            await asyncio.gather(one("ok-1", "2"), one("ok-2", "2"), one("ok-3", "2"), one("crawl-1", "300"))
+            await asyncio.gather(one("ok-1", "20"), one("ok-2", "20"), one("ok-3", "20"), one("crawl-1", "300"))
         assert p.flush(10)
     return str(tmp_path / "llmtap.duckdb")
 
