@@ -283,23 +283,31 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
 
 
 @click.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--upstream", metavar="HOST|URL",
               help="The upstream it went to (an aggregator's URL matches its own prices), e.g. openrouter.ai.")
+@click.option("--route", metavar="PREFIX", help="The route prefix it went through (its [price_markup] applies).")
 @click.option("--at", "at", metavar="WHEN", help="The price on this date (ISO, UTC; default: now).")
 @update_prices_option
 @output_options("table", "json")
-def prices(model: str, upstream: str | None, at: str | None, update_prices: bool, fmt: str) -> None:
-    """What genai-prices matched for MODEL, and the price the cost columns use.
+def prices(model: str | None, upstream: str | None, route: str | None, at: str | None, update_prices: bool,
+           fmt: str) -> None:
+    """What genai-prices (or your config's [prices]) matched for MODEL, and the price the cost columns use.
 
     MODEL as the upstream reported it (the row's response_model, else
     request_model). Exits 1 when no price is known: its cost is NULL.
+    Without MODEL: the config file's own prices and markups.
     """
     from urllib.parse import urlsplit
 
     from analysis import price_report
 
     _update_prices(update_prices)
+    if model is None:
+        echo(price_report.CONFIGURED_RENDERERS[fmt](price_report.configured()), nl=False)
+        return
+    if route is not None:
+        route = "/" + route.strip("/") if route.strip("/") else "/"
     host = (urlsplit(upstream).hostname if "//" in upstream else upstream.split("/")[0]) if upstream else None
     when = None
     if at:
@@ -307,7 +315,7 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
             when = parse_time(at, utc_now())
         except WindowError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
-    info = price_report.describe(model, host, when)
+    info = price_report.describe(model, host, when, route)
     echo(price_report.RENDERERS[fmt](info), nl=False)
     if not info["matched"]:
         sys.exit(1)

@@ -21,7 +21,7 @@ from proxy.record.admin_sql import AdminSql
 from proxy.relay.app import HTTP_LIMITS, make_app
 from proxy.relay.arrival import Runner
 from proxy.settings.client_key import client_key
-from proxy.settings.config import ConfigError, ServeConfig, admin_token
+from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_prices
 from proxy.relay.guard import Guard
 from proxy.meter.redact import scrub_library_logs
 from proxy.common import prices
@@ -86,6 +86,7 @@ class RunningProxy:
         and client key: it relays and measures, and its rows go to the primary, which alone has the
         database, the metrics and the exporters."""
         self.config = config
+        apply_prices(config)
         self.reuse_port = reuse_port
         self.is_worker = worker is not None
         routes = config.route_table()
