@@ -30,6 +30,8 @@ COMMANDS = {
     "sessions": "analysis.cli:sessions",
     "session": "analysis.cli:session",
     "prices": "analysis.cli:prices",
+    "check": "analysis.cli:check",
+    "keys": "proxy.tools.keys_cli:keys",
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",
     "compare": "analysis.compare_cli:compare",

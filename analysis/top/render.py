@@ -151,7 +151,7 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
 
 
 LIMITS = (Column("upstream", 14, False, grow=True), Column("requests", 11), Column("tokens", 13), Column("5h", 6),
-          Column("7d", 6))
+          Column("7d", 6), Column("runs out", 20, False))
 
 
 def _left(row: dict[str, Any], left: str, limit: str) -> str:
@@ -165,11 +165,13 @@ def limits_section(model: TopModel, width: int) -> Section | None:
     found = model.limits()
     if not found:
         return None
-    return table(f"limits {len(found)} key{'' if len(found) == 1 else 's'}", LIMITS, [
+    windowed = any("runs_out" in r for r in found)  # a subscription's window: when it runs out, at its rate
+    return table(f"limits {len(found)} key{'' if len(found) == 1 else 's'}", LIMITS if windowed else LIMITS[:-1], [
         (_name(r.get("key_fingerprint")),
          [_name(r.get("upstream_host")), _left(r, "ratelimit_requests_remaining", "ratelimit_requests_limit"),
           _left(r, "ratelimit_tokens_remaining", "ratelimit_tokens_limit"),
-          fmt_pct(r.get("ratelimit_5h_utilization"), scale=100), fmt_pct(r.get("ratelimit_7d_utilization"), scale=100)])
+          fmt_pct(r.get("ratelimit_5h_utilization"), scale=100), fmt_pct(r.get("ratelimit_7d_utilization"), scale=100),
+          r.get("runs_out") or "-"])
         for r in found
     ], width)
 

@@ -268,6 +268,15 @@ def apply_prices(config: ServeConfig, origin: str | None = None) -> None:
     prices.configure(config.prices, markup, origin)
 
 
+def key_names(config_path: Path | None = None) -> dict[str, str]:
+    """The config file's [key_names] (`llmtap keys name`): fingerprint -> name; {} when unreadable."""
+    try:
+        names = load_file(config_path or paths.default_config_path()).get("key_names") or {}
+    except ConfigError:
+        return {}
+    return {str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {}
+
+
 def apply_default_prices() -> str | None:
     """The default config file's prices (for a command without --config); its error, if any, as text."""
     path = paths.default_config_path()
