@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from proxy.settings.alerts import Thresholds
+from proxy.settings.config import key_names
 
 from analysis.filters import Filters
 from analysis.formatting import dumps, fmt_usd
@@ -64,7 +65,9 @@ def evaluate(source: Source, filters: Filters, limits: Thresholds, now: datetime
             "SELECT key_fingerprint, arg_max(ratelimit_5h_utilization, started_at),"
             " arg_max(ratelimit_5h_reset, started_at) FROM requests"
             f" WHERE ({where}) AND ratelimit_5h_utilization IS NOT NULL GROUP BY ALL")
-        current = [(used, key) for key, used, reset in rows if reset is None or _time(reset) > now]
+        names = key_names()
+        current = [(used, f"{names[key]}, {key}" if key in names else key) for key, used, reset in rows
+                   if reset is None or _time(reset) > now]
         used, key = max(current, key=lambda r: r[0]) if current else (None, None)
         crossed = used is not None and used > limits.window_5h_utilization
         text = (f"5h window {_pct(used)} {'over' if crossed else 'within'} {_pct(limits.window_5h_utilization)}"

@@ -1,7 +1,7 @@
 """When a subscription's 5-hour window runs out at the current rate (ccusage's burn rate), from the
 `ratelimit_5h_utilization` the upstream stated on the responses of one window (the same
-`ratelimit_5h_reset`): the rise between the first and the last of them, extended in a straight line to
-100 %. `report --limits` (analysis/limits.py) takes the last 30 minutes of the current window, `top` its
+`ratelimit_5h_reset`): the rise from the first of them to the last, over the time from the first to now
+(a pause slows the rate down), extended in a straight line from now to 100 %. `report --limits` (analysis/limits.py) takes the last 30 minutes of the current window, `top` its
 own window (analysis/top/).
 
 The answer is a time (UTC), or why there is none: "used up" (100 % stated), "not before the reset" (the
@@ -65,13 +65,13 @@ def project(points: Iterable[tuple[Any, float, Any]], now: datetime) -> Projecti
         return Projection(None, "used up")
     same = [p for p in known if p[2] is None or reset is None or abs((p[2] - reset).total_seconds()) < 60]
     first_t, first_u, _ = same[0]
-    seconds = (last_t - first_t).total_seconds()
-    if len(same) < 2 or seconds <= 0:
+    seconds = (max(now, last_t) - first_t).total_seconds()
+    if len(same) < 2 or last_t <= first_t or seconds <= 0:
         return Projection(None, "one response")
     rate = (last_u - first_u) / seconds
     if rate <= 0:
         return Projection(None, "no rise", 0.0)
-    runs_out = last_t + timedelta(seconds=(1 - last_u) / rate)
+    runs_out = max(now, last_t) + timedelta(seconds=(1 - last_u) / rate)
     if reset is not None and runs_out >= reset:
         return Projection(None, "not before the reset", rate * 3600)
     return Projection(runs_out, None, rate * 3600)

@@ -79,8 +79,8 @@ def test_projection_words() -> None:
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     reset = now + timedelta(hours=3)
     at = [(now - timedelta(minutes=20), 0.40, reset), (now - timedelta(minutes=10), 0.50, reset)]
-    found = project(at, now)  # 10 % in 10 minutes: the other 50 % in 50 minutes
-    assert found.runs_out == now + timedelta(minutes=40) and found.text(now) == "12:40 (in 40m)"
+    found = project(at, now)  # 10 % in the 20 minutes since the first: the other 50 % in 100 minutes
+    assert found.runs_out == now + timedelta(minutes=100) and found.text(now) == "13:40 (in 1h40m)"
     assert project(at[:1], now).note == "one response"
     assert project([(now, 1.0, reset)], now).note == "used up"
     assert project([(now - timedelta(hours=1), 0.1, reset), (now, 0.11, reset)], now).note == "not before the reset"

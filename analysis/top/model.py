@@ -235,8 +235,8 @@ class TopModel:
         now = datetime.fromtimestamp(self.now if self.now is not None else time.time(), UTC)
         for key, found in points.items():  # when the 5-hour window runs out at the window's rate
             projection = project(found, now)
-            shown = projection.runs_out is not None or projection.note in ("used up", "not before the reset")
-            latest[key]["runs_out"] = projection.text(now) if shown else "-"
+            shown = {"used up": "used up", "not before the reset": "after reset"}.get(projection.note or "")
+            latest[key]["runs_out"] = projection.text(now) if projection.runs_out is not None else shown or "-"
         return sorted(latest.values(), key=_headroom)
 
     def outcomes(self) -> Counter[str]:

@@ -75,5 +75,6 @@ class ThresholdWatch:
         assert budget is not None
         if self.spent > budget and not self.warned_budget:
             self.warned_budget = True
+            limit = f"{budget:,.2f}" if budget >= 1 else f"{budget:g}"
             self.report(f"llmtap: warning: spend on {day} is ${self.spent:,.4f} at list price since serve started,"
-                        f" over the ${budget:,.2f} of [alerts] daily_budget_usd")
+                        f" over the ${limit} of [alerts] daily_budget_usd")
