@@ -283,23 +283,31 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
 
 
 @click.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--upstream", metavar="HOST|URL",
               help="The upstream it went to (an aggregator's URL matches its own prices), e.g. openrouter.ai.")
+@click.option("--route", metavar="PREFIX", help="The route prefix it went through (its [price_markup] applies).")
 @click.option("--at", "at", metavar="WHEN", help="The price on this date (ISO, UTC; default: now).")
 @update_prices_option
 @output_options("table", "json")
-def prices(model: str, upstream: str | None, at: str | None, update_prices: bool, fmt: str) -> None:
-    """What genai-prices matched for MODEL, and the price the cost columns use.
+def prices(model: str | None, upstream: str | None, route: str | None, at: str | None, update_prices: bool,
+           fmt: str) -> None:
+    """What genai-prices (or your config's [prices]) matched for MODEL, and the price the cost columns use.
 
     MODEL as the upstream reported it (the row's response_model, else
     request_model). Exits 1 when no price is known: its cost is NULL.
+    Without MODEL: the config file's own prices and markups.
     """
     from urllib.parse import urlsplit
 
     from analysis import price_report
 
     _update_prices(update_prices)
+    if model is None:
+        echo(price_report.CONFIGURED_RENDERERS[fmt](price_report.configured()), nl=False)
+        return
+    if route is not None:
+        route = "/" + route.strip("/") if route.strip("/") else "/"
     host = (urlsplit(upstream).hostname if "//" in upstream else upstream.split("/")[0]) if upstream else None
     when = None
     if at:
@@ -307,7 +315,7 @@ def prices(model: str, upstream: str | None, at: str | None, update_prices: bool
             when = parse_time(at, utc_now())
         except WindowError as exc:
             raise click.BadParameter(str(exc), param_hint="--at") from None
-    info = price_report.describe(model, host, when)
+    info = price_report.describe(model, host, when, route)
     echo(price_report.RENDERERS[fmt](info), nl=False)
     if not info["matched"]:
         sys.exit(1)
@@ -553,3 +561,57 @@ def register(group: click.Group) -> None:
     """Add the analysis commands to the `llmtap` group."""
     for command in __getattr__("COMMANDS"):
         group.add_command(command)
+
+
+@click.command()
+@click.option("--since", default="1h", show_default=True, metavar="WHEN",
+              help="The window checked: a span before now (30m, 24h, 7d), today, yesterday or an ISO date-time.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML config file with the [alerts] table (default: $LLMTAP_CONFIG, else ~/.config/llmtap/config.toml).")
+@click.option("--ttft-p95-ms", type=click.FloatRange(min=0, min_open=True), metavar="MS",
+              help="Fail when the p95 TTFT of streamed generations is over MS (or [alerts] ttft_p95_ms).")
+@click.option("--error-rate", type=click.FloatRange(min=0, max=1, min_open=True), metavar="SHARE",
+              help="Fail when over this share of requests failed, e.g. 0.05 (or [alerts] error_rate).")
+@click.option("--window-5h", "window_5h_utilization", type=click.FloatRange(min=0, max=1, min_open=True),
+              metavar="SHARE", help="Fail when a key's 5-hour window is used over SHARE, e.g. 0.8 (or [alerts] window_5h_utilization).")
+@click.option("--daily-budget-usd", type=click.FloatRange(min=0, min_open=True), metavar="USD",
+              help="Fail when a UTC day's spend (API keys, list price) is over USD (or [alerts] daily_budget_usd).")
+@db_option
+@from_option
+@output_options("text", "json")
+def check(since: str, config_path: Path | None, db_path: Path, sources: tuple[str, ...], fmt: str,
+          **flags: float | None) -> None:
+    """Exit 1 with a one-line reason when a threshold is crossed, else print "ok …" (for cron and CI).
+
+    The thresholds: the config file's [alerts] table, a flag winning over
+    its key. Over the requests since --since (the daily budget: each UTC day
+    from there, today at least).
+    """
+    from dataclasses import asdict
+
+    from proxy.settings import config as cfg
+    from proxy.settings.alerts import AlertsError, check_alerts
+
+    from analysis import check as check_mod
+
+    try:
+        table = cfg.load_file(config_path or paths.default_config_path()).get("alerts") or {}
+        limits = check_alerts(table)
+    except (cfg.ConfigError, AlertsError) as exc:
+        raise click.ClickException(str(exc)) from None
+    limits = check_alerts({**{k: v for k, v in asdict(limits).items() if v is not None},
+                           **{k: v for k, v in flags.items() if v is not None}})
+    if not limits.any:
+        raise click.UsageError("nothing to check: set [alerts] in the config file (ttft_p95_ms, error_rate,"
+                               " window_5h_utilization, daily_budget_usd) or give a threshold flag")
+    filters = make_filters(since, None, (), (), ())
+    now = utc_now()
+    with opened(db_path, sources) as source:
+        findings = check_mod.evaluate(source, filters, limits, now)
+    window = since
+    if fmt == "json":
+        echo(check_mod.to_json(findings, window), nl=False)
+    else:
+        echo(check_mod.line(findings, window))
+    if any(f.crossed for f in findings):
+        sys.exit(1)

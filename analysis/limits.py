@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from proxy.settings.config import key_names
 
 from analysis.filters import Filters
 from analysis.formatting import csv_text, dumps, fmt_count, fmt_pct, layout, truncate
 from analysis.source import Source
+from analysis.window_projection import project
 
 WIDTH = 80
 NONE = "(none)"
@@ -51,6 +54,9 @@ class KeyLimits:
     utilization_7d: float | None
     status: str | None
     rate_limited: int  # 429s
+    key_name: str | None = None  # `llmtap keys name` (the config's [key_names])
+    runs_out: str | None = None  # at the 5-hour window's current rate, when it is used up (UTC; projection)
+    runs_out_note: str | None = None  # why there is no projection, or "after the reset"
 
 
 @dataclass
@@ -77,7 +83,25 @@ class LimitsUnknown(Exception):
     """The rows predate the rate-limit columns (an older database or export)."""
 
 
-def build_limits(source: Source, filters: Filters) -> LimitsReport:
+def _project(source: Source, where: str, keys: list[KeyLimits], now: datetime) -> None:
+    """Each key's 5-hour window projection (analysis/window_projection.py) from its last 30 minutes."""
+    _, _, rows = source.query(f"""
+WITH w AS (SELECT key_fingerprint AS k, upstream_host AS h, started_at AS t, ratelimit_5h_utilization AS u,
+             ratelimit_5h_reset AS r FROM requests WHERE ({where}) AND ratelimit_5h_utilization IS NOT NULL),
+last AS (SELECT k, h, max(t) AS newest FROM w GROUP BY ALL)
+SELECT w.k, w.h, w.t, w.u, w.r FROM w JOIN last ON w.k IS NOT DISTINCT FROM last.k
+  AND w.h IS NOT DISTINCT FROM last.h AND w.t >= last.newest - INTERVAL 30 MINUTE ORDER BY w.t""")
+    points: dict[tuple[Any, Any], list[tuple[Any, float, Any]]] = {}
+    for k, h, t, u, r in rows:
+        points.setdefault((k, h), []).append((t, u, r))
+    for k in keys:
+        if (k.key, k.upstream) in points:
+            found = project(points[(k.key, k.upstream)], now)
+            k.runs_out = found.runs_out.strftime("%Y-%m-%d %H:%M:%S") if found.runs_out else None
+            k.runs_out_note = found.note
+
+
+def build_limits(source: Source, filters: Filters, now: datetime | None = None) -> LimitsReport:
     columns, _, _ = source.query("SELECT * FROM requests LIMIT 0")
     if "ratelimit_requests_remaining" not in columns:
         raise LimitsUnknown("these rows predate the rate-limit columns (recorded before llmtap kept them):"
@@ -95,7 +119,11 @@ SELECT key_fingerprint, upstream_host,
   {_latest('coalesce(ratelimit_status, ratelimit_5h_status)')},
   count(*) FILTER (WHERE status = 429)
 FROM requests WHERE {where} GROUP BY ALL ORDER BY 4 DESC, 1 NULLS LAST, 2""")
+    names = key_names()
     keys = [KeyLimits(*row) for row in rows]
+    for k in keys:
+        k.key_name = names.get(k.key or "")
+    _project(source, where, keys, now or datetime.now(UTC))
     _, _, rows = source.query(f"""
 SELECT strftime(hour, '%Y-%m-%d %H:00'), key_fingerprint, upstream_host,
   min(ratelimit_requests_remaining / nullif(ratelimit_requests_limit, 0)), min({_TOKENS_SHARE}),
@@ -229,13 +257,21 @@ def to_table(report: LimitsReport) -> str:
     if not report.keys:
         return "no rate-limit headers or 429s in these requests\n"
     out = [f"limits the upstreams stated from {report.first} to {report.last} UTC", ""]
-    rows = [[truncate(k.key or NONE, 14), k.upstream or NONE, _of(k.requests_remaining, k.requests_limit),
+    rows = [[truncate(k.key_name or k.key or NONE, 14), k.upstream or NONE, _of(k.requests_remaining, k.requests_limit),
              _of(k.tokens_remaining, k.tokens_limit), _pct(k.utilization_5h), _pct(k.utilization_7d),
              _reset(k.reset, k.last_seen), str(k.rate_limited)] for k in report.keys]
     out.append(layout(["key", "upstream", "requests", "tokens", "5h", "7d", "reset", "429s"], rows,
                       [False, False, True, True, True, True, False, True], limit=WIDTH, shrinkable=[1]))
+    projected = [k for k in report.keys if k.runs_out or k.runs_out_note]
+    if projected:
+        out.append("5-hour window at the current rate (the last 30 minutes' rise)")
+        for k in projected:
+            when = f"runs out at {_clock(k.runs_out, k.last_seen)} UTC" if k.runs_out else k.runs_out_note
+            out.append(f"  {truncate(k.key_name or k.key or NONE, 14)} at {k.upstream or NONE}: {when}")
+        out.append("")
     out.append("lowest headroom per hour (share left; a subscription's windows used)")
-    rows = [[h.hour, truncate(h.key or NONE, 14), truncate(h.upstream or NONE, 17), _pct(h.requests_left_min),
+    names = {k.key: k.key_name for k in report.keys if k.key_name}
+    rows = [[h.hour, truncate(names.get(h.key) or h.key or NONE, 14), truncate(h.upstream or NONE, 17), _pct(h.requests_left_min),
              _pct(h.tokens_left_min), _pct(h.utilization_5h_max), _pct(h.utilization_7d_max), str(h.rate_limited)]
             for h in report.hours]
     out.append(layout(["hour", "key", "upstream", "requests", "tokens", "5h", "7d", "429s"], rows,

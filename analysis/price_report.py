@@ -40,17 +40,23 @@ def _span(segment: prices.Segment) -> str:
     return ", ".join(parts) or "always"
 
 
-def describe(model: str, host: str | None, at: datetime | None = None) -> dict[str, Any]:
+def describe(model: str, host: str | None, at: datetime | None = None, route: str | None = None) -> dict[str, Any]:
     """The match and its prices as a dict (the json output; the text output reads it)."""
     at = at or datetime.now(UTC)
     priced = prices.lookup(model, host)
     if priced is None:
         return {"model": model, "upstream_host": host, "matched": False, "source": prices.source()}
     segment = priced.segment_at(at)
+    factor = prices.markup(route) if route else 1.0
     example = prices.segment_cost(segment, EXAMPLE["input_tokens"], EXAMPLE["output_tokens"],
                                   EXAMPLE["cache_read"], EXAMPLE["cache_write"], EXAMPLE["reasoning"])
+    if example is not None:
+        example *= factor
+    _, _, origin = prices.configured()
+    source = f"{priced.source} ({origin})" if priced.source == prices.CONFIG_SOURCE and origin else priced.source
     return {
-        "model": model, "upstream_host": host, "matched": True, "source": priced.source,
+        "model": model, "upstream_host": host, "matched": True, "source": source,
+        **({"route": route, "markup_pct": round((factor - 1) * 100, 6)} if route else {}),
         "provider": priced.provider_id, "provider_name": priced.provider_name,
         "matched_model": priced.model_id, "matched_model_name": priced.model_name,
         "matched_by": priced.matched_by, "at": at.isoformat(),
@@ -83,8 +89,31 @@ def to_text(info: dict[str, Any]) -> str:
     if len(priced.segments) > 1:
         lines.append(f"  periods   {len(priced.segments)}: " + "; ".join(_span(s) for s in priced.segments))
     ex = info["example"]
+    if info.get("route"):
+        lines.append(f"  markup    {info['markup_pct']:g} % on route {info['route']}")
     lines.append(f"  example   {ex['input_tokens']:,} input tokens ({ex['cache_read']:,} cached), "
                  f"{ex['output_tokens']:,} output: {fmt_usd(ex['cost_usd'])}")
+    return "\n".join(lines) + "\n"
+
+
+def configured() -> dict[str, Any]:
+    """The config file's own prices and markups (`llmtap prices` without a model)."""
+    models, markups, origin = prices.configured()
+    return {"source": prices.CONFIG_SOURCE, "file": origin, "genai_prices": prices.source(),
+            "models": {m: {n: p[0] for n, p in priced.segments[0].prices.items()} for m, priced in models.items()},
+            "markup_pct": {label: round((f - 1) * 100, 6) for label, f in markups.items()}}
+
+
+def configured_text(info: dict[str, Any]) -> str:
+    if not info["models"] and not info["markup_pct"]:
+        return (f"no prices in the config file: every cost is from {info['genai_prices']}.\n"
+                "Add your own (USD per million tokens) as [prices.\"MODEL\"] input = …, output = …,"
+                " cache_read = …, cache_write = … (docs/cost-and-limits.md).\n")
+    lines = [f"prices from the config file {info['file']} (source \"config\"), before {info['genai_prices']}:"]
+    for model, table in info["models"].items():
+        lines.append(f"  {model:<24} " + ", ".join(_price(n, (v, ())) for n, v in table.items()))
+    for label, pct in info["markup_pct"].items():
+        lines.append(f"  markup {pct:g} % on route {label}")
     return "\n".join(lines) + "\n"
 
 
@@ -93,3 +122,4 @@ def to_json(info: dict[str, Any]) -> str:
 
 
 RENDERERS = {"table": to_text, "json": to_json}
+CONFIGURED_RENDERERS = {"table": configured_text, "json": to_json}

@@ -192,7 +192,7 @@ def build_report(source: Source, by: str, filters: Filters) -> Report:
         raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUPINGS)}")
     count, first, last = span(source, filters)
     return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters),
-                  filters.kinds, not_shown(source, filters), prices.source())
+                  filters.kinds, not_shown(source, filters), prices.sources())
 
 
 # -- rendering -------------------------------------------------------------------

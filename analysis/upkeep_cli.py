@@ -51,15 +51,27 @@ def prune(older_than: str, bodies_only: bool, db_path: Path) -> None:
         con = retention.open_for_writing(db_path, "prune")
     except retention.RetentionError as exc:
         raise click.ClickException(str(exc)) from None
+    size_before = _on_disk(db_path)
     try:
         duck.lock_down(con)
         done = retention.prune(con, rows_before=None if bodies_only else before,
                                bodies_before=before if bodies_only else None)
+        if done.requests or done.bodies:
+            con.execute("CHECKPOINT")  # the deletes into the file, so the size printed is the file's
     finally:
         con.close()
     echo(f"deleted {done.describe()} of requests started before {before:%Y-%m-%d %H:%M:%S} UTC from {db_path}")
     if done.requests or done.bodies:
-        echo("the file keeps its size (DuckDB reuses the space for new rows); to shrink it: llmtap compact")
+        size_after = _on_disk(db_path)
+        change = "grew" if size_after > size_before else "shrank" if size_after < size_before else "kept its size"
+        echo(f"the file {change}: {fmt_bytes(size_before)} -> {fmt_bytes(size_after)} with its .wal (DuckDB marks the"
+             " deleted rows' space free for new rows and writes the changed row groups anew, so a prune"
+             " does not shrink it); to shrink it: llmtap compact")
+
+
+def _on_disk(path: Path) -> int:
+    """The database file's bytes and its write-ahead log's."""
+    return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".wal")) if p.exists())
 
 
 @click.command()

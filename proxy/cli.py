@@ -12,7 +12,7 @@ import click
 from proxy.settings import config as cfg
 from proxy.settings.cli_options import config_option, db_option, workers_option
 from proxy.settings.routes import RouteError, parse_route
-from proxy.common.terminal_text import echo, printable
+from proxy.common.terminal_text import echo, printable, stderr_line
 
 
 # Every command but serve, as "module:attribute": imported when it runs, so a command loads only what it
@@ -30,6 +30,8 @@ COMMANDS = {
     "sessions": "analysis.cli:sessions",
     "session": "analysis.cli:session",
     "prices": "analysis.cli:prices",
+    "check": "analysis.cli:check",
+    "keys": "proxy.tools.keys_cli:keys",
     "demo": "analysis.cli:demo",
     "bench": "analysis.bench.cli:bench",
     "compare": "analysis.compare_cli:compare",
@@ -81,6 +83,8 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="llmtap")
 def main() -> None:
     """llmtap: a transparent measuring reverse proxy for LLM APIs."""
+    if (problem := cfg.apply_default_prices()) is not None:  # the config's own [prices], for every command
+        stderr_line(f"llmtap: {problem} (its prices are not used)")
 
 
 def _routes(values: tuple[str, ...]) -> dict[str, str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -233,5 +234,19 @@ def test_promtool_checks_deploys_config(tmp_path: Path) -> None:
     token.write_text("not-a-real-token")
     copy = tmp_path / "prometheus.yml"
     copy.write_text(deployed.read_text().replace("/run/secrets/llmtap_admin_token", str(token)))
+    (tmp_path / "alerts.yml").write_text((ROOT / "deploy/alerts.yml").read_text())
     full = subprocess.run([PROMTOOL, "check", "config", str(copy)], capture_output=True, text=True)
     assert full.returncode == 0, full.stdout + full.stderr
+
+
+def test_promtool_tests_the_alerting_rules() -> None:
+    """deploy/alerts.yml's rules against deploy/alerts_test.yml's series (`promtool test rules`)."""
+    rules = subprocess.run([PROMTOOL, "check", "rules", str(ROOT / "deploy/alerts.yml")], capture_output=True, text=True)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    test = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=ROOT / "deploy", capture_output=True,
+                          text=True)
+    assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
+    # every metric the rules read is one proxy/observe/metrics.py exports (by its current names)
+    names = set(re.findall(r"\b(gen_ai_\w+|llmtap_\w+)", (ROOT / "deploy/alerts.yml").read_text()))
+    source = (ROOT / "proxy/observe/metrics.py").read_text().replace('f"gen_ai_client_{op}', '"gen_ai_client_inference')
+    assert names and all(f'"{n.removesuffix("_bucket").removesuffix("_total")}"' in source for n in names), names

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.record import retention, store as store_mod
+from analysis.db_status import fmt_bytes
 from proxy.cli import main
 from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
@@ -113,6 +114,12 @@ def test_prune_then_compact_shrink_the_file(tmp_path: Path):
     assert done.exit_code == 0, done.output
     assert done.output.startswith("deleted 2,700 request(s), 540,000 chunk(s) and 2,700 body row(s) of requests started before ")
     assert "to shrink it: llmtap compact" in done.output
+    # the sizes it prints are the file's, measured before and after (no "keeps its size" when it grew)
+    (said,) = [line for line in done.output.splitlines() if line.startswith("the file ")]
+    grown = db.stat().st_size
+    change = "grew" if grown > before else "shrank" if grown < before else "kept its size"
+    assert said.startswith(f"the file {change}: {fmt_bytes(before)} -> {fmt_bytes(grown)} with its .wal"), said
+    assert not db.with_name(db.name + ".wal").exists()  # checkpointed: the size printed is the file's
     assert counts(db) == (300, 60_000, 300)
     free = json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--format", "json"]).output)["free_bytes"]
     assert free > before / 2  # the deleted rows' blocks, free in a file of the same size

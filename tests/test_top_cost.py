@@ -23,9 +23,9 @@ def test_cost_in_the_title_and_the_limits_panel() -> None:
     assert "· cost $0.75/5m ·" in lines[0]
     heading = next(i for i, line in enumerate(lines) if line.startswith("limits 2 keys"))
     header, first, second = lines[heading], lines[heading + 1], lines[heading + 2]
-    assert header.split()[3:] == ["upstream", "requests", "tokens", "5h", "7d"]
+    assert header.split()[3:] == ["upstream", "requests", "tokens", "5h", "7d", "runs", "out"]
     assert first.split()[:3] == ["k:aaaaaaaaaaaa", "api.anthropic.com", "49/50"] and "1.0k/40.0k" in first
-    assert second.split()[-2:] == ["83.0%", "21.0%"]
+    assert second.split()[-3:] == ["83.0%", "21.0%", "-"]  # one response: no rate to project
 
 
 def test_no_limits_stated_no_panel() -> None:

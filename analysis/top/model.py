@@ -13,12 +13,16 @@ and prewarms take milliseconds) are only counted, in `other_total`.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from proxy.meter.request_kind import path_kind
 from proxy.common.stats import quantile as _sorted_quantile
+
+from analysis.window_projection import project
 
 Row = dict[str, Any]
 RECENT = 50
@@ -219,11 +223,20 @@ class TopModel:
     def limits(self) -> list[Row]:
         """The latest limits each upstream stated per key in the window, the scarcest first."""
         latest: dict[tuple[Any, Any], Row] = {}
+        points: dict[tuple[Any, Any], list[tuple[float, float, Any]]] = {}
         for row in self.in_window():
             if any(row.get(c) is not None for c in LIMIT_COLUMNS):
                 key = (row.get("key_fingerprint"), row.get("upstream_host"))
                 merged = latest.setdefault(key, {"key_fingerprint": key[0], "upstream_host": key[1]})
                 merged.update({c: row[c] for c in LIMIT_COLUMNS if row.get(c) is not None})
+                if row.get("ratelimit_5h_utilization") is not None:
+                    points.setdefault(key, []).append((ended(row), row["ratelimit_5h_utilization"],
+                                                       row.get("ratelimit_5h_reset")))
+        now = datetime.fromtimestamp(self.now if self.now is not None else time.time(), UTC)
+        for key, found in points.items():  # when the 5-hour window runs out at the window's rate
+            projection = project(found, now)
+            shown = {"used up": "used up", "not before the reset": "after reset"}.get(projection.note or "")
+            latest[key]["runs_out"] = projection.text(now) if projection.runs_out is not None else shown or "-"
         return sorted(latest.values(), key=_headroom)
 
     def outcomes(self) -> Counter[str]:

@@ -13,12 +13,14 @@ prints them plain.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.common.terminal_text import printable
+from proxy.settings.config import key_names
 
 from analysis.formatting import fmt_count, fmt_ms, fmt_number, fmt_pct, fmt_usd, truncate
 from analysis.report import fmt_wall
@@ -151,7 +153,7 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
 
 
 LIMITS = (Column("upstream", 14, False, grow=True), Column("requests", 11), Column("tokens", 13), Column("5h", 6),
-          Column("7d", 6))
+          Column("7d", 6), Column("runs out", 20, False))
 
 
 def _left(row: dict[str, Any], left: str, limit: str) -> str:
@@ -160,16 +162,25 @@ def _left(row: dict[str, Any], left: str, limit: str) -> str:
     return f"{fmt_count(row[left])}/{fmt_count(row[limit])}" if row.get(limit) is not None else fmt_count(row[left])
 
 
+@functools.cache
+def _key_names() -> dict[str, str]:
+    """`llmtap keys name`'s names, read once per top."""
+    return key_names()
+
+
 def limits_section(model: TopModel, width: int) -> Section | None:
     """The latest limits per key, the scarcest first; none when no upstream stated any."""
     found = model.limits()
     if not found:
         return None
-    return table(f"limits {len(found)} key{'' if len(found) == 1 else 's'}", LIMITS, [
-        (_name(r.get("key_fingerprint")),
+    names = _key_names()
+    windowed = any("runs_out" in r for r in found)  # a subscription's window: when it runs out, at its rate
+    return table(f"limits {len(found)} key{'' if len(found) == 1 else 's'}", LIMITS if windowed else LIMITS[:-1], [
+        (names.get(r.get("key_fingerprint") or "") or _name(r.get("key_fingerprint")),
          [_name(r.get("upstream_host")), _left(r, "ratelimit_requests_remaining", "ratelimit_requests_limit"),
           _left(r, "ratelimit_tokens_remaining", "ratelimit_tokens_limit"),
-          fmt_pct(r.get("ratelimit_5h_utilization"), scale=100), fmt_pct(r.get("ratelimit_7d_utilization"), scale=100)])
+          fmt_pct(r.get("ratelimit_5h_utilization"), scale=100), fmt_pct(r.get("ratelimit_7d_utilization"), scale=100),
+          r.get("runs_out") or "-"])
         for r in found
     ], width)
 

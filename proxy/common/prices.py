@@ -14,6 +14,11 @@ the segments into SQL (`cost_sql`) so a price correction or a newer package repr
 metrics price a finished row with `row_cost`, the same arithmetic in Python.
 
 Service-tier and batch variants (`price_variants`) are not applied: llmtap records neither.
+
+Your own prices (`configure`, from the config file's `[prices]` table: proxy/settings/config.py) win
+over the package's for the models they name, whatever the host; their source is "config". A markup per
+route (`[price_markup]`, percent) scales every price of that route's rows. A model priced nowhere stays
+unknown: its cost is NULL, never 0.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ PRICE_KEYS = (
     ("requests", "requests_kcount"),  # a fee per request (USD per thousand)
 )
 UNKNOWN = "unknown model"
+CONFIG_SOURCE = "config"
+CONFIG_KEYS = ("input", "output", "cache_read", "cache_write")  # a [prices] model's keys, USD per MTok
 SUBSCRIPTION_KINDS = ("claude_login", "chatgpt_login")  # proxy.meter.fingerprint.credential_kind's subscriptions
 
 Price = tuple[float, tuple[tuple[int, float], ...]]  # base USD/MTok, tiers (over this many input tokens, USD/MTok)
@@ -86,6 +93,40 @@ _lock = threading.Lock()
 _cache: dict[tuple[str, str], Priced | None] = {}
 _generation = 0  # bumped when the package's prices change (an update): cached lookups are dropped
 _updater: Any = None
+_configured: dict[str, Priced] = {}  # model name -> your own prices (configure)
+_markup: dict[str, float] = {}  # route label ("/", "/openrouter") -> factor on its rows' cost
+_configured_from: str | None = None
+
+
+def configure(models: Mapping[str, Mapping[str, float]], markup: Mapping[str, float] | None = None,
+              origin: str | None = None) -> None:
+    """Your own prices, USD per million tokens by model name (keys of CONFIG_KEYS; a key left out is
+    priced as the package does: cache reads and writes as input), and a markup in percent per route
+    label; they replace any configured before. Cached lookups and the views' SQL are dropped."""
+    global _configured, _markup, _configured_from, _generation
+    found = {}
+    for model, table in models.items():
+        segment = Segment({key: (float(table[key]), ()) for key in CONFIG_KEYS if table.get(key) is not None})
+        found[model] = Priced(model, CONFIG_SOURCE, CONFIG_SOURCE, model, None, "config file", (segment,),
+                              CONFIG_SOURCE)
+    factors = {label: 1.0 + float(percent) / 100.0 for label, percent in (markup or {}).items()}
+    with _lock:
+        if found == _configured and factors == _markup:
+            _configured_from = origin or _configured_from  # the same prices, from a file already named
+            return
+        _configured, _markup, _configured_from = found, factors, origin
+        _cache.clear()
+        _generation += 1
+
+
+def configured() -> tuple[dict[str, Priced], dict[str, float], str | None]:
+    """The configured prices by model, the markup factors by route label, and the file they came from."""
+    return dict(_configured), dict(_markup), _configured_from
+
+
+def markup(route: str | None) -> float:
+    """The factor on a row's cost for its route (1.0 when none is configured)."""
+    return _markup.get(route or "", 1.0) if _markup else 1.0
 
 
 def _snapshot() -> Any:
@@ -108,6 +149,14 @@ def source() -> str:
     if snapshot.from_auto_update:
         text += f", updated {snapshot.timestamp.astimezone(UTC):%Y-%m-%d %H:%MZ}"
     return text
+
+
+def sources() -> str:
+    """Where costs come from: the config file's own prices (when any), then the package."""
+    if not _configured and not _markup:
+        return source()
+    own = f"the config file ({_configured_from})" if _configured_from else "the config file"
+    return f"{own} then {source()}"
 
 
 def generation() -> int:
@@ -134,6 +183,8 @@ def lookup(model: str | None, host: str | None = None) -> Priced | None:
     """The package's match and prices for a model name as the upstream reported it; None when unknown."""
     if not model:
         return None
+    if _configured and (own := _configured.get(model)) is not None:
+        return own
     _refresh()
     key = (model, host or "")
     with _lock:
@@ -238,8 +289,9 @@ def row_cost(row: Mapping[str, Any]) -> float | None:
     if priced is None:
         return None
     started = get("started_at") or datetime.now(UTC)
-    return segment_cost(priced.segment_at(started), get("input_tokens"), get("output_tokens"),
+    cost = segment_cost(priced.segment_at(started), get("input_tokens"), get("output_tokens"),
                         get("cache_read_tokens"), get("cache_creation_tokens"), get("reasoning_tokens"))
+    return cost * markup(get("route")) if cost is not None and _markup else cost
 
 
 def _num(x: float) -> str:
@@ -328,6 +380,9 @@ def cost_sql(pairs: Iterable[tuple[str, str]]) -> tuple[str, str]:
     tokens_known = "(input_tokens IS NOT NULL OR output_tokens IS NOT NULL)"
     cost = _by_model(found, priced_sql, "NULL")
     cost = f"CASE WHEN {tokens_known} THEN {cost} END" if found else "CAST(NULL AS DOUBLE)"
+    if found and _markup:
+        factors = " ".join(f"WHEN {_quote(label)} THEN {_num(f)}" for label, f in sorted(_markup.items()))
+        cost = f"({cost}) * (CASE route {factors} ELSE 1.0 END)"
     src = _by_model(found, lambda p: _quote(p.source), _quote(UNKNOWN))
     src = f"CASE WHEN {MODEL_SQL} IS NULL THEN NULL ELSE {src} END"
     return f"CAST({cost} AS DOUBLE)", src

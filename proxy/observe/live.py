@@ -44,7 +44,7 @@ FINISHED_FIELDS = (
     # for top's cost and limits: the price's inputs, and the limits the upstream stated to the key
     "response_model", "upstream_host", "key_fingerprint", "credential_kind", "cache_creation_tokens",
     "reasoning_tokens", "ratelimit_requests_remaining", "ratelimit_requests_limit", "ratelimit_tokens_remaining",
-    "ratelimit_tokens_limit", "ratelimit_5h_utilization", "ratelimit_7d_utilization", "cost_usd",
+    "ratelimit_tokens_limit", "ratelimit_5h_utilization", "ratelimit_7d_utilization", "ratelimit_5h_reset", "cost_usd",
 )
 Labels = tuple[str | None, str | None, str | None]  # model, tool, session_id
 

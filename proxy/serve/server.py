@@ -21,12 +21,14 @@ from proxy.record.admin_sql import AdminSql
 from proxy.relay.app import HTTP_LIMITS, make_app
 from proxy.relay.arrival import Runner
 from proxy.settings.client_key import client_key
-from proxy.settings.config import ConfigError, ServeConfig, admin_token
+from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_prices
 from proxy.relay.guard import Guard
 from proxy.meter.redact import scrub_library_logs
 from proxy.common import prices
 from proxy.observe.metrics import METRICS_NAMES, PrometheusMetrics
 from proxy.observe.otel import OtelExporter, OtelSettings, OtelUnavailable
+from proxy.observe.thresholds import ThresholdWatch
+from proxy.settings.alerts import check_alerts
 from proxy.record.recorder import on_rows, store_observer
 from proxy.relay.app_state import ProxyState
 from proxy.common.terminal_text import stderr_line
@@ -86,6 +88,7 @@ class RunningProxy:
         and client key: it relays and measures, and its rows go to the primary, which alone has the
         database, the metrics and the exporters."""
         self.config = config
+        apply_prices(config)
         self.reuse_port = reuse_port
         self.is_worker = worker is not None
         routes = config.route_table()
@@ -123,6 +126,9 @@ class RunningProxy:
         if self.store is not None:
             recorder.observe(store_observer(self.store, config.record_chunks))
         recorder.observe(on_rows(self.state.metrics.observe))
+        limits = check_alerts(config.alerts)
+        if limits.window_5h_utilization is not None or limits.daily_budget_usd is not None:
+            recorder.observe(on_rows(ThresholdWatch(limits, report, config.key_names).observe))
         if (otel_settings := OtelSettings.from_config(config)) is not None:
             try:
                 self.otel = OtelExporter.from_settings(otel_settings, report=report)

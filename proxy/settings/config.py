@@ -12,7 +12,8 @@ from typing import Any
 from yarl import URL
 
 from proxy.settings import egress
-from proxy.common import paths
+from proxy.settings.alerts import AlertsError, check_alerts
+from proxy.common import paths, prices
 from proxy.settings.routes import Route, RouteError, RouteTable, make_route, normal_prefix
 
 EXAMPLE = (
@@ -84,6 +85,15 @@ class ServeConfig:
     # prefix too, where a URL or "none" wins over everything else.
     upstream_proxy: str | None = None
     route_proxy: dict[str, str] = field(default_factory=dict)
+    # Your own prices (docs/cost-and-limits.md): USD per million tokens by model name, {"input", "output",
+    # "cache_read", "cache_write"}, winning over genai-prices; and a markup in percent per route prefix.
+    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    price_markup: dict[str, float] = field(default_factory=dict)
+    # What `llmtap check` and serve's warning line watch (proxy/settings/alerts.py): ttft_p95_ms,
+    # error_rate, window_5h_utilization, daily_budget_usd.
+    alerts: dict[str, float] = field(default_factory=dict)
+    # Names for key fingerprints ("k:064b…" = "work"), written by `llmtap keys name`.
+    key_names: dict[str, str] = field(default_factory=dict)
 
     def listen_addresses(self) -> list[tuple[str, bool]]:
         """(address, required) to listen on, in order; ::1 from "localhost" is optional (no IPv6)."""
@@ -154,7 +164,7 @@ class ServeConfig:
 
 
 _FIELDS = {f.name for f in fields(ServeConfig)}
-_TABLES = ("routes", "route_key_env", "route_proxy")
+_TABLES = ("routes", "route_key_env", "route_proxy", "price_markup", "alerts", "key_names")
 _LISTS = ("allow_origins", "allow_hosts")
 _POSITIVE = {"retain_days": "days", "retain_bodies_days": "days", "sql_timeout_s": "seconds", "sql_max_mb": "MiB",
              "body_memory_mb": "MiB"}
@@ -218,16 +228,74 @@ def build(config_path: Path | None, overrides: dict[str, Any]) -> ServeConfig:
         value = values.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise ConfigError(f"{key} is a number of {unit} above 0, not {value!r}")
+    check_prices(values.get("prices") or {}, values.get("price_markup") or {})
+    try:
+        check_alerts(values.get("alerts") or {})
+    except AlertsError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         return ServeConfig(**values)
     except TypeError as exc:
         raise ConfigError(f"bad setting: {exc}") from None
 
 
+def check_prices(table: Any, markup: Any) -> None:
+    """`[prices]`: a table per model of USD per million tokens (numbers >= 0, among prices.CONFIG_KEYS);
+    `[price_markup]`: percent per route prefix."""
+    if not isinstance(table, dict):
+        raise ConfigError("prices is a table of models, e.g. [prices.\"my-model\"] with input = 1.0, output = 4.0")
+    for model, price in table.items():
+        if not isinstance(price, dict) or not price:
+            raise ConfigError(f"prices.{model} is a table of USD per million tokens: "
+                              f"{', '.join(prices.CONFIG_KEYS)}")
+        unknown = set(price) - set(prices.CONFIG_KEYS)
+        if unknown:
+            raise ConfigError(f"prices.{model}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(prices.CONFIG_KEYS)}")
+        for key, value in price.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"prices.{model}.{key} is USD per million tokens (a number >= 0), not {value!r}")
+    if not isinstance(markup, dict):
+        raise ConfigError("price_markup is a table of route prefix = percent, e.g. \"/openrouter\" = 5.5")
+    for prefix, value in markup.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= -100:
+            raise ConfigError(f"price_markup.{prefix} is a percent above -100, not {value!r}")
+
+
+def apply_prices(config: ServeConfig, origin: str | None = None) -> None:
+    """Give the config's own prices and markups to proxy.common.prices (the views, metrics, `run`)."""
+    markup = {("/" if not normal_prefix(p) else normal_prefix(p)): pct for p, pct in config.price_markup.items()}
+    prices.configure(config.prices, markup, origin)
+
+
+def key_names(config_path: Path | None = None) -> dict[str, str]:
+    """The config file's [key_names] (`llmtap keys name`): fingerprint -> name; {} when unreadable."""
+    try:
+        names = load_file(config_path or paths.default_config_path()).get("key_names") or {}
+    except ConfigError:
+        return {}
+    return {str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {}
+
+
+def apply_default_prices() -> str | None:
+    """The default config file's prices (for a command without --config); its error, if any, as text."""
+    path = paths.default_config_path()
+    try:
+        values = load_file(path)
+        table, markup = values.get("prices") or {}, values.get("price_markup") or {}
+        check_prices(table, markup)
+    except ConfigError as exc:
+        prices.configure({}, {}, None)
+        return str(exc)
+    apply_prices(ServeConfig(prices=table, price_markup=markup), str(path) if table or markup else None)
+    return None
+
+
 def to_toml(config: ServeConfig) -> str:
     """The effective configuration, as a config file that reproduces it."""
     lines, data = [], asdict(config)
     tables = {name: data.pop(name) for name in _TABLES}
+    own_prices = data.pop("prices")
     for key, value in data.items():
         if value is None:
             lines.append(f"# {key} = (unset)")
@@ -242,6 +310,9 @@ def to_toml(config: ServeConfig) -> str:
             lines.append(f"\n[{name}]")
             shown = {k: egress.hide_credentials(v) for k, v in table.items()} if name == "route_proxy" else table
             lines.extend(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in shown.items())
+    for model, price in own_prices.items():
+        lines.append(f"\n[prices.{_toml_value(model)}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in price.items())
     return "\n".join(lines) + "\n"
 
 

@@ -88,7 +88,7 @@ class Cost:
 
 
 COST_COLUMNS = ("response_model", "request_model", "upstream_host", "started_at", "input_tokens", "output_tokens",
-                "cache_read_tokens", "cache_creation_tokens", "reasoning_tokens", "credential_kind")
+                "cache_read_tokens", "cache_creation_tokens", "reasoning_tokens", "credential_kind", "route")
 
 
 def cost(query: "Query", where: str) -> Cost:
@@ -106,7 +106,7 @@ def cost(query: "Query", where: str) -> Cost:
         else:
             usd = (usd or 0.0) + price
             subscription = subscription or row["credential_kind"] in prices.SUBSCRIPTION_KINDS
-    return Cost(usd, unpriced, subscription, prices.source())
+    return Cost(usd, unpriced, subscription, prices.sources())
 
 
 class Query:

@@ -27,6 +27,11 @@ def toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def toml_key(key: str) -> str:
+    """A bare key where TOML allows one, else quoted (a key fingerprint's `k:…`)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else toml_string(key)
+
+
 def _key_line(key: str) -> re.Pattern[str]:
     k = re.escape(key)
     return re.compile(rf"""^[ \t]*(?:{k}|"{k}"|'{k}')[ \t]*=""")
@@ -52,7 +57,7 @@ def _same_value(line: str, key: str, value: str) -> bool:
 def _set_keys(lines: list[str], start: int, end: int, values: dict[str, str]) -> None:
     """Set `values` among lines[start:end] (a table body, or the top level)."""
     for key, value in values.items():
-        new_line = f"{key} = {toml_string(value)}\n"
+        new_line = f"{toml_key(key)} = {toml_string(value)}\n"
         pattern = _key_line(key)
         found = next((i for i in range(start, end) if pattern.match(lines[i])), None)
         if found is not None:
@@ -102,7 +107,7 @@ def set_key_and_table(text: str, top: dict[str, str], table: tuple[str, ...], va
         if lines and lines[-1].strip():
             lines.append("\n")
         lines.append(f"[{'.'.join(table)}]\n")
-        lines.extend(f"{key} = {toml_string(value)}\n" for key, value in values.items())
+        lines.extend(f"{toml_key(key)} = {toml_string(value)}\n" for key, value in values.items())
 
     _set_top(lines, top)
     return _checked("".join(lines), expected, f"[{'.'.join(table)}] and {', '.join(top)}")
@@ -127,7 +132,7 @@ def _set_top(lines: list[str], top: dict[str, str]) -> None:
     _set_keys(lines, 0, first_header, {k: v for k, v in top.items() if k not in missing})
     if missing:
         at = _top_insert_at(lines, first_header)
-        new_lines = [f"{key} = {toml_string(value)}\n" for key, value in missing.items()]
+        new_lines = [f"{toml_key(key)} = {toml_string(value)}\n" for key, value in missing.items()]
         if at < len(lines) and lines[at].strip():
             new_lines.append("\n")
         if at > 0 and not lines[at - 1].endswith("\n"):
