@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Protocol
 
 from multidict import CIMultiDictProxy
 
@@ -68,6 +68,18 @@ _IDS = random.Random(os.urandom(32))  # seeded once per process (and again in a 
 os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
 
 
+class ResponseTap(Protocol):
+    """A copy of the response as the meter reads it (`--capture-bodies`: proxy/meter/capture.py), given
+    to the meter at construction. The meter calls it; it never changes what the meter measures."""
+
+    def on_body(self, data: bytes) -> None:
+        """Decoded bytes of the response body, in order, as the meter parses them: a stream's, or a
+        whole body's (the part the meter keeps to parse, up to MAX_JSON_BODY)."""
+
+    def on_frame(self, payload: bytes) -> None:
+        """One WebSocket text frame from the upstream, after the meter read it."""
+
+
 def next_id() -> str:
     """A random 32-hex-digit request id (128 bits, as unique across processes as a UUID4) without a
     syscall per request. Its first 8 digits tell rows apart: `llmtap show` takes any unique prefix."""
@@ -79,7 +91,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
+        "_quick", "_quick_head", "_quick_misses", "_sse", "_tap", "_turn_done", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -97,7 +109,12 @@ class Meter:
         route: str,
         upstream_host: str,
         tag: str | None,
+        credential: str | None = None,
+        tap: ResponseTap | None = None,
     ) -> None:
+        """`credential`: the upstream key llmtap injects for this request's route, if any (its
+        fingerprint goes in the row instead of the client's). `tap`: what copies the response
+        (`ResponseTap`), if anything does."""
         self.id = next_id()
         # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
         self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
@@ -110,7 +127,7 @@ class Meter:
         self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
         self.request_body = b""
         self.request_bytes: int | None = None
-        self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
+        self.credential = credential  # an injected upstream key: fingerprinted instead of the client's
         self.upstream_sent: int | None = None
         self.connection: ConnectionMarks | None = None  # stamped by the upstream connector's hooks (conn_timing.py)
         self.upstream_headers: int | None = None
@@ -138,6 +155,8 @@ class Meter:
         self.broken: str | None = None
         self.partial = False  # the meter skipped part of the response: a missing terminal event proves nothing
         self.captured: tuple[Any, ...] | None = None  # the bodies row, with --capture-bodies (proxy/meter/capture.py)
+        self._tap = tap
+        self._turn_done: Callable[[], None] | None = None  # on_websocket_turn's `done`
 
     # -- the relay's observation points --------------------------------------
 
@@ -218,7 +237,7 @@ class Meter:
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         try:
             decoder, sse = self._decoder, self._sse
-            if decoder is not None and decoder.identity and sse is not None:
+            if decoder is not None and decoder.identity and sse is not None and self._tap is None:
                 self._events(sse, pending)  # a plain stream: the common case, in one loop
                 return
             for data, t_ns in pending:
@@ -345,8 +364,12 @@ class Meter:
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
+            if self._tap is not None:
+                self._tap.on_body(data)
             self._events(self._sse, ((data, t_ns),))
         elif self._body is not None and self._body_len < MAX_JSON_BODY:
+            if self._tap is not None:
+                self._tap.on_body(data)
             self._body.append(data)
             self._body_len += len(data)
 
@@ -376,6 +399,8 @@ class Meter:
         if delta is not None:
             kind, visible, chars = delta
             self._output(kind, visible, chars, len(payload), t_ns)
+        if self._tap is not None:
+            self._tap.on_frame(payload)
 
     def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
         self.times.append(t_ns)

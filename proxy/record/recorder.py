@@ -108,8 +108,7 @@ class Recorder:
             return None
         meter = make_meter(cfg.capture_bodies and relayed, cfg.capture_max_kb, received_ns=received_ns,
                            method=method, path=path, query=dict(query), headers=headers, route=route,
-                           upstream_host=upstream_host, tag=tag)
-        meter.credential = credential
+                           upstream_host=upstream_host, tag=tag, credential=credential)
         self.inflight[meter.id] = meter
         return meter
 
