@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.meter.capture import make_meter
+from proxy.meter.dialects.base import Delta
+from proxy.meter.dialects.openai_responses import OpenAIResponses
 from proxy.meter.meter import Meter
 from proxy.common.schema import Outcome
 
@@ -62,3 +65,56 @@ def test_a_stream_cut_before_its_terminal_event_is_truncated() -> None:
                b'"delta":{"type":"text_delta","text":"hi"}}\n\n', 20 * MS)
     row, _ = m.finish(None, 30 * MS)
     assert row["outcome"] == Outcome.STREAM_TRUNCATED
+
+
+CREATE = b'{"type": "response.create", "model": "gpt-x"}'
+DELTA = b'{"type": "response.output_text.delta", "delta": "hi"}'
+COMPLETED = b'{"type": "response.completed", "response": {"usage": {"input_tokens": 4, "output_tokens": 1}}}'
+
+
+def test_a_websocket_turn_is_done_at_its_terminal_frame_once() -> None:
+    """The meter raises `done` (the relay ends the turn on it); the relay reads no frame itself."""
+    m, done = meter("/v1/responses"), []
+    m.on_websocket_turn(CREATE, 5 * MS, done=lambda: done.append(m.dialect.terminal))
+    m.on_message(DELTA, 30 * MS)
+    assert done == []
+    m.on_message(COMPLETED, 40 * MS)
+    assert done == [True]
+    m.on_message(DELTA, 50 * MS)  # a frame after the end: no second `done`
+    assert done == [True]
+
+
+class BuggyResponses(OpenAIResponses):
+    """The Responses dialect with a bug that raises on one frame (a fault injected: the meter's code runs as is)."""
+
+    def on_event(self, data: bytes, event: str | None) -> Delta | None:
+        if b"boom" in data:
+            raise RuntimeError("a bug in a dialect")
+        return super().on_event(data, event)
+
+
+def test_a_meter_that_breaks_on_a_frame_ends_its_turn_there() -> None:
+    """A broken meter cannot see the terminal frame any more: it says `done` at the frame it broke on
+    (never raising into the relay), so the turn is not left open until the socket closes."""
+    m, done = meter("/v1/responses"), []
+    m.dialect = BuggyResponses()
+    m.on_websocket_turn(CREATE, 5 * MS, done=lambda: done.append(True))
+    m.on_message(DELTA, 30 * MS)
+    m.on_message(b'{"type": "response.output_text.delta", "delta": "boom"}', 35 * MS)
+    assert done == [True]
+    row, _ = m.finish(None, 36 * MS)
+    assert (row["ttft_ms"], row["output_events"], row["outcome"]) == (30, 1, "ok")
+    assert row["parse_error"] == "meter: RuntimeError: a bug in a dialect"
+
+
+def test_a_captured_websocket_turn_keeps_each_frame_on_its_line() -> None:
+    m = make_meter(True, 1, received_ns=0, method="GET", path="/v1/responses", query={},
+                   headers=CIMultiDictProxy(CIMultiDict()), route="/", upstream_host="up", tag=None)
+    m.on_websocket_turn(CREATE, 5 * MS)
+    m.on_message(DELTA, 30 * MS)
+    m.on_message(COMPLETED, 40 * MS)
+    m.finish(None, 41 * MS)
+    assert m.captured is not None
+    rid, request, response, request_cut, response_cut = m.captured
+    assert (rid, request, request_cut, response_cut) == (m.id, CREATE.decode(), False, False)
+    assert response == (DELTA + b"\n" + COMPLETED + b"\n").decode()

@@ -10,7 +10,9 @@ docstring says exactly when it fires; mitmproxy's hook style):
   (`on_message(payload, t)` for one upstream frame of a WebSocket response);
 - `on_response_end(t)`: the response's last bytes were handed to the client's connection;
 - `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
-- `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
+- `on_websocket_turn(frame, t, done)`: a client's `response.create` opened a response on a
+  WebSocket; the meter calls `done()` when its frames end the turn (`turn_done`, the one event the
+  meter raises back).
 
 The request ends with `proxy.record.recorder.Recorder.end(meter, outcome, error)`, which calls `finish`
 once to build the row. Every timestamp is `time.perf_counter_ns()` taken by the relay right
@@ -184,9 +186,14 @@ class Meter:
         reach): no response came from upstream."""
         self.status = status
 
-    def on_websocket_turn(self, frame: bytes, t_ns: int) -> None:
+    def on_websocket_turn(self, frame: bytes, t_ns: int, done: Callable[[], None] | None = None) -> None:
         """A client's `response.create` frame opened a response on a WebSocket (already upgraded:
-        status 101, and every response on it streams)."""
+        status 101, and every response on it streams). `done` is the turn's end as the meter reads
+        it, called once from `on_message`: at the upstream's terminal frame (the dialect's
+        `terminal`: completed, failed, incomplete, error), or at the frame the meter broke on, since
+        a broken meter can no longer tell the end (its row ends there and says why, `parse_error`).
+        The relay ends the turn there; the connection's close ends one that is never done."""
+        self._turn_done = done
         self.on_request_read(frame)
         self.status, self.is_stream = 101, True
         self.upstream_sent = self.upstream_headers = t_ns
@@ -389,18 +396,32 @@ class Meter:
             self.mark_broken("decoded body over the measuring limit; metrics partial")
 
     def on_message(self, payload: bytes, t_ns: int) -> None:
-        """One WebSocket text frame from the upstream (Responses over WebSocket)."""
-        if self.first_byte is None:
-            self.first_byte = t_ns
-        self.response_bytes += len(payload)
-        delta = self.dialect.on_event(payload, None)
-        if self.dialect.unstamped:
-            self.dialect.stamp(t_ns)
-        if delta is not None:
-            kind, visible, chars = delta
-            self._output(kind, visible, chars, len(payload), t_ns)
-        if self._tap is not None:
-            self._tap.on_frame(payload)
+        """One WebSocket text frame from the upstream (Responses over WebSocket). Never raises: a
+        failure marks the row and ends the turn (`on_websocket_turn`'s `done`)."""
+        try:
+            if self.first_byte is None:
+                self.first_byte = t_ns
+            self.response_bytes += len(payload)
+            delta = self.dialect.on_event(payload, None)
+            if self.dialect.unstamped:
+                self.dialect.stamp(t_ns)
+            if delta is not None:
+                kind, visible, chars = delta
+                self._output(kind, visible, chars, len(payload), t_ns)
+            if self._tap is not None:
+                self._tap.on_frame(payload)
+        except Exception as exc:
+            self.partial = True  # the rest of the turn goes unread: a missing terminal event proves nothing
+            self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+            self._end_turn()
+            return
+        if self.dialect.terminal:
+            self._end_turn()
+
+    def _end_turn(self) -> None:
+        done, self._turn_done = self._turn_done, None
+        if done is not None:
+            done()
 
     def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
         self.times.append(t_ns)

@@ -1,8 +1,10 @@
 """WebSocket relay (Codex's transport for the Responses API), frame by frame both ways.
 
 One row per response: a client `response.create` frame starts a meter, the
-upstream's frames feed it, and the terminal event (or the end of the
-connection) records it.
+upstream's frames feed it, and the turn ends when the meter says it is done
+(`Meter.on_websocket_turn`'s `done`: the upstream's terminal frame, or the frame
+the meter broke on), when the next `response.create` supersedes it, or when the
+connection closes. The relay reads no frame's meaning itself.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class _Turns:
         meter = start_meter(self.state, self.request, self.route, self.path, now)
         if meter is None:
             return
-        meter.on_websocket_turn(text.encode(), now)
+        meter.on_websocket_turn(text.encode(), now, done=lambda: self.turn_done(meter))
         self.meter = meter
 
     def upstream_frame(self, data: bytes) -> None:
@@ -57,10 +59,14 @@ class _Turns:
         if meter is None:
             return
         try:
-            meter.on_message(data, perf_counter_ns())
-        except Exception as exc:
+            meter.on_message(data, perf_counter_ns())  # calls turn_done when the frame ends the turn
+        except Exception as exc:  # pragma: no cover - the meter never raises; if it did, it is broken
             meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
-        if meter.dialect.terminal:
+            self.turn_done(meter)
+
+    def turn_done(self, meter: Meter) -> None:
+        """The meter says its turn is over: recorded, outcome as the meter saw it."""
+        if self.meter is meter:
             self.end(None, None)
 
     def end(self, outcome: Outcome | None, error: tuple[str, str] | None) -> None:
