@@ -118,3 +118,23 @@ def test_a_captured_websocket_turn_keeps_each_frame_on_its_line() -> None:
     rid, request, response, request_cut, response_cut = m.captured
     assert (rid, request, request_cut, response_cut) == (m.id, CREATE.decode(), False, False)
     assert response == (DELTA + b"\n" + COMPLETED + b"\n").decode()
+
+
+def test_a_snapshot_parses_nothing_and_a_read_waits_at_most_pending_ns() -> None:
+    """What a live view sees of a request: as far as the meter parsed, never a parse of its own (a
+    viewer connected changes nothing); reads are parsed in batches, the oldest waiting PENDING_NS at most."""
+    from proxy.meter.meter import PENDING_NS
+
+    m = meter()
+    m.on_request_read(b'{"model": "gpt-x", "stream": true, "messages": []}')
+    m.response_started(200, headers(content_type="text/event-stream"), 5 * MS)
+    delta = b'data: {"choices":[{"index":0,"delta":{"content":"tok0"}}]}\n\n'
+    m.on_chunk(delta, 10 * MS)
+    m.on_chunk(delta, 20 * MS)
+    snap = m.snapshot()
+    assert (snap.status, snap.request_read, snap.first_output, snap.output_events, snap.tokens) == (200, True, None, 0, 0)
+    assert m.snapshot() == snap
+    assert m.request_labels() == ("gpt-x", None, None)
+    m.on_chunk(delta, 10 * MS + PENDING_NS)
+    snap = m.snapshot()
+    assert (snap.first_output, snap.output_events, snap.tokens) == (10 * MS, 3, 3)

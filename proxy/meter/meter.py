@@ -26,13 +26,14 @@ failure here marks the row (`parse_error`) instead of touching traffic.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import os
 import random
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from time import perf_counter_ns
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
 
@@ -55,6 +56,9 @@ MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to 
 MAX_SSE_EVENT = 8 * 1024 * 1024
 PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
 PENDING_BYTES = 256 * 1024
+# Nor kept longer than this (parsed with the first read after it): what a live view (`snapshot`,
+# ticking every 250 ms) shows of a slow stream is that fresh, whoever watches.
+PENDING_NS = 250_000_000
 # Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
@@ -80,6 +84,31 @@ class ResponseTap(Protocol):
 
     def on_frame(self, payload: bytes) -> None:
         """One WebSocket text frame from the upstream, after the meter read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A request in flight as its meter has read it so far (`Meter.snapshot`: the live feed's view).
+    Its figures are those of the meter's last parse: taking one parses nothing, so a viewer never
+    changes when the meter parses (a read waits at most PENDING_NS for it, viewer or not)."""
+
+    id: str
+    method: str
+    path: str
+    status: int | None
+    received: int  # the arrival, perf_counter_ns
+    request_read: bool  # the request's body is read whole: `Meter.request_labels` has its model and session
+    first_output: int | None  # the first output event (perf_counter_ns), None before one
+    output_events: int
+    tokens: int  # output tokens so far: the upstream's count where it says more than the text shows, else chars / 4
+
+
+class RequestLabels(NamedTuple):
+    """What a request is, for a live view: the model asked for, the tool and the session."""
+
+    model: str | None
+    tool: str | None
+    session_id: str | None
 
 
 def next_id() -> str:
@@ -231,7 +260,7 @@ class Meter:
         pending = self._pending
         pending.append((data, t_ns))
         self._pending_bytes += size
-        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES:
+        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES or t_ns - pending[0][1] >= PENDING_NS:
             self.drain()
 
     def drain(self) -> None:
@@ -459,6 +488,26 @@ class Meter:
     def mark_broken(self, message: str) -> None:
         if self.broken is None:
             self.broken = message[:200]
+
+    # -- in flight --------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """How far the request got, as read so far (`Snapshot`); parses nothing."""
+        times = self.times
+        tokens = 0  # before the first output event (Anthropic reports 1 output token at message_start)
+        if times:
+            tokens = max(self.dialect.usage.output_tokens or 0, math.ceil(self.chars / 4))
+        return Snapshot(self.id, self.method, self.path, self.status, self.received, self.request_bytes is not None,
+                        times[0] if times else None, len(times) + self._over, tokens)
+
+    def request_labels(self) -> RequestLabels:
+        """The request's model, tool and session: the tool from its headers, the rest from its body
+        once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
+        tool = tool_from_headers(self.headers)
+        if self.request_bytes is None:
+            return RequestLabels(None, tool, None)
+        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
+        return RequestLabels(info.request_model, tool, info.session_id)
 
     # -- the row ----------------------------------------------------------------
 
