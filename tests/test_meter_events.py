@@ -40,7 +40,7 @@ def test_a_stream_through_every_event() -> None:
 
 def test_refused_before_the_upstream() -> None:
     m = meter("/v1/messages")
-    m.on_refused(401)
+    m.on_answered_locally(401)
     row, chunks = m.finish(Outcome.HTTP_ERROR, 1 * MS, ("invalid_client_key", "no"))
     assert (row["status"], row["outcome"], row["error_type"], row["ttft_ms"], chunks) == (
         401, "http_error", "invalid_client_key", None, [])

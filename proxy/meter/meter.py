@@ -9,7 +9,8 @@ docstring says exactly when it fires; mitmproxy's hook style):
 - `on_chunk(data, t)`: one read of the response body, already written to the client
   (`on_message(payload, t)` for one upstream frame of a WebSocket response);
 - `on_response_end(t)`: the response's last bytes were handed to the client's connection;
-- `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
+- `on_answered_locally(status)`: llmtap answered itself with `status` (a refusal, an upstream it
+  could not reach), nothing came from upstream;
 - `on_websocket_turn(frame, t, done)`: a client's `response.create` opened a response on a
   WebSocket; the meter calls `done()` when its frames end the turn (`turn_done`, the one event the
   meter raises back).
@@ -210,9 +211,10 @@ class Meter:
         loop turn after it, are the client's reading and llmtap's, not the response's)."""
         self.response_end = t_ns
 
-    def on_refused(self, status: int) -> None:
-        """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
-        reach): no response came from upstream."""
+    def on_answered_locally(self, status: int) -> None:
+        """llmtap answered the request itself with `status`: a refusal (no route, a path that climbs,
+        the client key missing, a body too large, ...), or an upstream (or the forward proxy to it)
+        that could not be reached or did not answer in time. No response came from upstream."""
         self.status = status
 
     def on_websocket_turn(self, frame: bytes, t_ns: int, done: Callable[[], None] | None = None) -> None:

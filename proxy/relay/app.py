@@ -16,7 +16,8 @@ from proxy.settings import client_key
 from proxy.relay.guard import is_preflight
 from proxy.settings.egress import client_ssl_context
 from proxy.relay.errors import error_response
-from proxy.relay.reverse import TAG_KEY, relay, split_raw_path, start_meter
+from proxy.relay.reverse import relay
+from proxy.relay.upstream import TAG_KEY, start_meter
 from proxy.relay.app_state import STATE, ProxyState
 from proxy.settings.routes import Route
 from proxy.common.instances import ADMIN_PREFIX, TAG_PREFIX
@@ -58,6 +59,11 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
+
+
+def split_raw_path(raw: str) -> tuple[str, str]:
+    path, _, query = raw.partition("?")
+    return path, query
 
 
 NOT_A_FORWARD_PROXY = ("llmtap is a reverse proxy, not a forward proxy: only paths (`/v1/...`) are relayed, "
@@ -153,22 +159,30 @@ def _record_local(request: web.Request, path: str, received: int, status: int, o
     state = request.app[STATE]
     meter = start_meter(state, request, route, path, received, relayed=False)
     if meter is not None:
-        meter.on_refused(status)
+        meter.on_answered_locally(status)
         state.recorder.end(meter, outcome, error)
 
 
 @web.middleware
-async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every request: its arrival is its first byte (arrival.py). CONNECT, absolute-form
-    (`GET http://host/...`) and `OPTIONS *` targets: refused before routing (CONNECT and `*` match
-    no route), in words, with a row."""
+async def on_arrival(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request's first step (one middleware, not two: each costs a call per request): its
+    arrival is stamped (`RECEIVED`: its first byte, arrival.py), then a target that asks for a
+    forward proxy is refused (`refuse_forward_target`)."""
     received = request[RECEIVED] = arrival.take(request, perf_counter_ns())
+    if (refused := refuse_forward_target(request, received)) is not None:
+        return refused
+    return await handler(request)
+
+
+def refuse_forward_target(request: web.Request, received: int) -> web.Response | None:
+    """CONNECT, absolute-form (`GET http://host/...`) and `OPTIONS *` targets: refused before routing
+    (CONNECT and `*` match no route), in words, with a row; None for a path, which is relayed."""
     target = request.raw_path
     if request.method == "CONNECT" or not target.startswith("/"):
         status = 405 if request.method == "CONNECT" else 400
         return reject(request, target.partition("?")[0], received, status, NOT_A_FORWARD_PROXY,
                       "not_a_forward_proxy")
-    return await handler(request)
+    return None
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
@@ -193,7 +207,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 
 def make_app(state: ProxyState) -> web.Application:
-    app = web.Application(client_max_size=0, middlewares=[refuse_forward_proxying])
+    app = web.Application(client_max_size=0, middlewares=[on_arrival])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
     app.router.add_route("*", "/{tail:(?s:.*)}", dispatch)  # every path, a `%0a` in it too: each leaves a row

@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from proxy.relay.errors import error_response
-from proxy.relay.reverse import outgoing_headers, proxy_failure, proxy_refused, start_meter
+from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
 from proxy.meter.meter import Meter
 from proxy.relay.app_state import STATE, ProxyState
 from proxy.settings.routes import Route
@@ -118,7 +118,7 @@ def _refuse(turns: _Turns, received: int, status: int, message: str, code: str, 
     """The upgrade failed before any frame: the client gets the status, the row says why."""
     turns.meter = start_meter(turns.state, turns.request, turns.route, turns.path, received)
     if turns.meter is not None:
-        turns.meter.on_refused(status)
+        turns.meter.on_answered_locally(status)
         turns.end(outcome, (code, message))
     return error_response(turns.path, status, f"llmtap: {message}", code)
 
