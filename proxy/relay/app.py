@@ -18,7 +18,7 @@ from proxy.settings.egress import client_ssl_context
 from proxy.relay.errors import error_response
 from proxy.relay.reverse import relay
 from proxy.relay.upstream import TAG_KEY, start_meter
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
 from proxy.common.instances import ADMIN_PREFIX, TAG_PREFIX
 from proxy.common.schema import Outcome
@@ -193,11 +193,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
                  else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
-    state.session = aiohttp.ClientSession(
+    state.open_session(aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         **HTTP_LIMITS,
-    )
+    ))
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup
     yield
     lag.cancel()
@@ -206,7 +206,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         await connector.resolver.close()
 
 
-def make_app(state: ProxyState) -> web.Application:
+def make_app(state: AppState) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[on_arrival])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
@@ -214,7 +214,7 @@ def make_app(state: ProxyState) -> web.Application:
     return app
 
 
-def routes_banner(state: ProxyState, base_url: str) -> str:
+def routes_banner(state: AppState, base_url: str) -> str:
     lines = [f"llmtap listening on {base_url}"]
     for route in sorted(state.routes.routes, key=lambda r: r.prefix):
         via = f"  (through the forward proxy {route.proxy.host}:{route.proxy.port})" if route.proxy else ""

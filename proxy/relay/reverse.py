@@ -21,7 +21,7 @@ from proxy.relay.upstream import Finish, cause, open_request, start_meter
 from proxy.common.headers import response_headers
 from proxy.meter.meter import Meter
 from proxy.meter.redact import redact, request_secrets
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
 from proxy.common.schema import Outcome
 
@@ -76,7 +76,7 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
 
 
 async def _relay(
-    state: ProxyState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None,
+    state: AppState, request: web.Request, route: Route, path: str, query: str, meter: Meter | None,
     lease: Lease | None = None,
 ) -> web.StreamResponse:
     try:
@@ -99,7 +99,7 @@ async def _relay(
         upstream.release() if upstream.content.is_eof() else upstream.close()
 
 
-def _over_budget(state: ProxyState, path: str, meter: Meter | None) -> Finish:
+def _over_budget(state: AppState, path: str, meter: Meter | None) -> Finish:
     """The `Finish` for a request whose body would take the bodies in memory past their limit."""
     mb = state.config.body_memory_mb
     message = (f"llmtap is holding {mb:g} MiB of request bodies, its limit (serve --body-memory-mb); "

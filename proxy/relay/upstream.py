@@ -19,7 +19,7 @@ from proxy.common.headers import TAG_HEADER, inject_credential, request_headers
 from proxy.common.schema import Outcome
 from proxy.meter.meter import Meter
 from proxy.relay import conn_timing
-from proxy.relay.app_state import ProxyState as AppState
+from proxy.relay.app_state import AppState
 from proxy.relay.errors import api_shape, error_response
 from proxy.settings.routes import Route
 

@@ -18,7 +18,7 @@ from aiohttp import WSMsgType, web
 from proxy.relay.errors import error_response
 from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
 from proxy.meter.meter import Meter
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
 from proxy.common.schema import Outcome
 
@@ -39,7 +39,7 @@ def _protocols(request: web.Request) -> tuple[str, ...]:
 class _Turns:
     """The meter of the response under way on this connection; each starts at its `response.create`."""
 
-    def __init__(self, state: ProxyState, request: web.Request, route: Route, path: str) -> None:
+    def __init__(self, state: AppState, request: web.Request, route: Route, path: str) -> None:
         self.state, self.request, self.route, self.path = state, request, route, path
         self.meter: Meter | None = None
 
