@@ -19,7 +19,7 @@ from proxy.relay.app import routes_banner
 from proxy.cli import main
 from proxy.settings.config import ConfigError, ServeConfig, build
 from proxy.relay.app_state import AppState
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 from proxy.tools.doctor import Options, diagnose, forward_proxy

@@ -15,7 +15,7 @@ from proxy.record.recorder import on_rows
 from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, PrometheusMetrics
 from proxy.relay.app_state import AppState
 from proxy.common.schema import REQUEST_COLUMN_NAMES
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

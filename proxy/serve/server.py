@@ -74,8 +74,6 @@ def remote_warning(config: ServeConfig) -> str | None:
 class RunningProxy:
     """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
 
-    default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
-
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
                  worker: tuple[str, str | None] | None = None, admin_relay: AdminForward | None = None) -> None:
@@ -96,7 +94,7 @@ class RunningProxy:
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
-            self.store.query_setup = query_setup or self.default_query_setup
+            self.store.query_setup = query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
         try:
