@@ -132,7 +132,8 @@ def test_a_snapshot_parses_nothing_and_a_read_waits_at_most_pending_ns() -> None
     m.on_chunk(delta, 10 * MS)
     m.on_chunk(delta, 20 * MS)
     snap = m.snapshot()
-    assert (snap.status, snap.request_read, snap.first_output, snap.output_events, snap.tokens) == (200, True, None, 0, 0)
+    assert (snap.status, snap.request_read, snap.first_output, snap.output_events, snap.tokens) == (
+        200, True, None, 0, 0)
     assert m.snapshot() == snap
     assert m.request_labels() == ("gpt-x", None, None)
     m.on_chunk(delta, 10 * MS + PENDING_NS)

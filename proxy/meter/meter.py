@@ -27,10 +27,10 @@ failure here marks the row (`parse_error`) instead of touching traffic.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 import os
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from time import perf_counter_ns
@@ -123,11 +123,12 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_quick", "_quick_head", "_quick_misses", "_sse", "_tap", "_turn_done", "broken", "captured", "chars", "connection",
+        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
+        "_tap", "_turn_done",  # the constructor's `tap`, on_websocket_turn's `done`
     )
 
     def __init__(

@@ -111,8 +111,8 @@ def _unreachable(exc: BaseException, route: Route, path: str, meter: Meter | Non
     if (failed := proxy_failure(exc, route)) is not None:
         status, code, message = failed
         outcome = Outcome.UPSTREAM_TIMEOUT if status == 504 else Outcome.UPSTREAM_UNREACHABLE
-        return Finish.answered_locally(outcome, (code, message), error_response(path, status, f"llmtap: {message}", code),
-                                       meter, status)
+        return Finish.answered_locally(outcome, (code, message),
+                                       error_response(path, status, f"llmtap: {message}", code), meter, status)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         message = f"upstream {host} did not answer in time ({cause(exc, 'timed out')})"
         return Finish.answered_locally(Outcome.UPSTREAM_TIMEOUT, ("upstream_timeout", message),
