@@ -1,6 +1,6 @@
 """One owner of a request's life, from its arrival to its row.
 
-The relay (app.py, forward.py, websocket.py) says `recorder.start(...)` when a request arrives and
+The relay (proxy/relay: app.py, reverse.py, websocket.py) says `recorder.start(...)` when a request arrives and
 gets its meter back (None when not measuring); it tells the meter what happens as it happens (the
 meter's named events, proxy/meter/meter.py); and it says `recorder.end(meter, outcome, error)` once,
 however the request ended. The recorder keeps the in-flight registry (what `/_llmtap/live` shows),
