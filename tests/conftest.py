@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from analysis.views import create_views
 from proxy.settings.config import ServeConfig
-from proxy.serve.server import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
+
+from .serving import RunningProxy  # the tests' composition root, as proxy/cli.py is serve's: analysis's views
 
 
 # Under `faketime` with only the wall clock faked, time.sleep fails (tests/faketime_site/): patched
@@ -24,9 +24,6 @@ if os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1" and "faketime" in os.en
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, _SITE)
     import sitecustomize  # noqa: F401, E402  (this folder's: the patch)
-
-# The tests' composition root, as proxy/cli.py is serve's: admin queries see analysis's named views.
-RunningProxy.default_query_setup = staticmethod(create_views)
 
 # `pytest -m unit`: the loop to run while changing the meter, its parsers, the recorder or the store
 # (docs/development.md); the modules whose tests need no serve process, no browser, no load.

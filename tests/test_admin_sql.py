@@ -17,7 +17,7 @@ import aiohttp
 from proxy.record import admin_sql
 from tests import procfs
 from proxy.common import instances as running
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config
 from .faultkit import Serve

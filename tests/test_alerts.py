@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.common import prices
-from proxy.serve.server import RunningProxy
+from tests.serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 from proxy.settings import config as cfg

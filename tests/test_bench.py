@@ -27,7 +27,8 @@ from analysis.bench.prompts import PromptMaker, calibrate
 from analysis.bench.run import BenchRequest, bench
 from analysis.bench.runner import BenchRun, Budget, run_bench
 from analysis.bench.summary import ExperimentSummary
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from analysis.bench.channels import RENDERERS, bench_channels
 from analysis.bench.cli import bench as bench_command
 from analysis.bench.runner import Budget
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

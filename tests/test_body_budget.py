@@ -12,7 +12,7 @@ import duckdb
 from aiohttp import web
 
 from tests import procfs
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import Serve, body_of, status_of

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from proxy.relay import body_pipe
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .waiting import wait_until, wait_until_still

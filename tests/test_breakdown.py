@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

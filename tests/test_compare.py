@@ -19,7 +19,7 @@ from analysis.compare import Side, compare, negligible_ms
 from analysis.compare_cli import compare as compare_command
 from analysis.views import create_views
 from proxy.common.schema import REQUEST_COLUMN_NAMES, create_tables_sql
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.settings.config import ConfigError, ServeConfig
 from proxy.meter.fingerprint import secret_fingerprint
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import body_of, raw_exchange, status_of

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from proxy.record.recorder import on_rows
 from proxy.observe.metrics import PrometheusMetrics  # noqa: E402
-from proxy.serve.server import RunningProxy  # noqa: E402
+from .serving import RunningProxy  # noqa: E402
 
 from .test_metrics import MESSAGES, MIX, send_mix  # noqa: E402
 from .waiting import wait_until  # noqa: E402

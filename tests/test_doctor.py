@@ -11,7 +11,8 @@ import aiohttp
 
 from proxy.common import paths
 from proxy.meter.fingerprint import key_fingerprint
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from proxy.common import instances as running
 from proxy.cli import main
 from proxy.record.migrations import migrate
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import Serve, raw_exchange, status_of

@@ -18,8 +18,8 @@ from proxy.settings import egress
 from proxy.relay.app import routes_banner
 from proxy.cli import main
 from proxy.settings.config import ConfigError, ServeConfig, build
-from proxy.relay.app_state import ProxyState
-from proxy.serve.server import RunningProxy
+from proxy.relay.app_state import AppState
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 from proxy.tools.doctor import Options, diagnose, forward_proxy
@@ -105,7 +105,7 @@ def test_route_table_puts_the_proxy_on_each_route(monkeypatch: pytest.MonkeyPatc
     assert by_prefix["/local"].proxy is None and by_prefix["/direct"].proxy is None
     assert str(by_prefix["/other"].proxy) == "http://other.corp:8080" and by_prefix["/other"].proxy_auth is None
     assert SECRET not in repr(by_prefix[""])
-    banner = routes_banner(ProxyState(config=config, routes=config.route_table()), "http://127.0.0.1:8787")
+    banner = routes_banner(AppState(config=config, routes=config.route_table()), "http://127.0.0.1:8787")
     assert ("  http://127.0.0.1:8787  ->  https://api.openai.com  (through the forward proxy proxy.corp:3128)"
             in banner.splitlines())
     assert "  http://127.0.0.1:8787/direct  ->  https://api.anthropic.com" in banner.splitlines()

@@ -14,7 +14,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from proxy.relay import body_pipe, fast_paths, rx_stamp
 from proxy.settings.config import ConfigError
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import SSE, RawConn, RawUpstream, chunk, http_head

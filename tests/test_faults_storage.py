@@ -19,7 +19,7 @@ import pytest
 
 from proxy.record.migrations import MIGRATIONS, migrate
 from proxy.common.schema import BODY_COLUMNS
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 from proxy.record.store import Store

@@ -15,7 +15,7 @@ import brotli
 import pytest
 
 from proxy.meter.decode import DEFAULT_LIMIT
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import (JSON, SSE, Baseline, RawConn, RawUpstream, Serve, chunk, http_head, peak_rss_mb,

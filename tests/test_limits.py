@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from analysis.limits import KeyLimits, LimitsReport, to_table
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

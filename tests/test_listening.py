@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from proxy.common import instances as running
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

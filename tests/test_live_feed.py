@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 
 from proxy.observe.live import VIEWER_QUEUE, LiveFeed, Viewer, frame
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.meter.sse import SSEParser
 

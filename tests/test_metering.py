@@ -10,7 +10,7 @@ import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.meter.meter import Meter
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

@@ -9,7 +9,7 @@ import pytest
 
 from proxy.observe.metrics import PrometheusMetrics
 from proxy.record.recorder import on_rows
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.record.recorder import on_rows
 from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, PrometheusMetrics
-from proxy.relay.app_state import ProxyState
+from proxy.relay.app_state import AppState
 from proxy.common.schema import REQUEST_COLUMN_NAMES
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows
@@ -163,10 +163,10 @@ def test_observe_never_raises() -> None:
     assert value(found, "llmtap_requests_total", **lbl("none", "none", "none", "none", outcome="none")) == 1
 
 
-WIRED = "metrics" in ProxyState.__dataclass_fields__
+WIRED = "metrics" in AppState.__dataclass_fields__
 
 
-@pytest.mark.skipif(not WIRED, reason="GET /_llmtap/metrics is not wired into ProxyState/admin.py yet")
+@pytest.mark.skipif(not WIRED, reason="GET /_llmtap/metrics is not wired into AppState/admin.py yet")
 async def test_admin_endpoint_serves_the_scrape(sim: Simulator, tmp_path: Path) -> None:
     """What Prometheus does: GET /_llmtap/metrics with the admin token as a Bearer credential."""
     async with RunningProxy(proxy_config(sim.url, tmp_path, admin_token="s3cret")) as proxy:

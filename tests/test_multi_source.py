@@ -16,7 +16,7 @@ from analysis.multi_source import classify, open_sources
 from analysis.remote import s3_secret_sql
 from analysis.source import SourceError
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

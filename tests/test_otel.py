@@ -27,7 +27,7 @@ from proxy.record.recorder import on_rows
 from proxy.settings.config import ServeConfig  # noqa: E402
 from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
 from proxy.observe.otel import OtelExporter, OtelSettings  # noqa: E402
-from proxy.serve.server import RunningProxy  # noqa: E402
+from .serving import RunningProxy  # noqa: E402
 
 from .conftest import rows  # noqa: E402
 from .test_metrics import send_mix  # noqa: E402

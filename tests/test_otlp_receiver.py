@@ -34,7 +34,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status  # noqa: E402
 
 from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS  # noqa: E402
 from proxy.observe.otel import OtelExporter, OtelSettings  # noqa: E402
-from proxy.serve.server import RunningProxy  # noqa: E402
+from .serving import RunningProxy  # noqa: E402
 from proxy.simulator.app import Simulator  # noqa: E402
 
 from .cli_traffic import CLAUDE_HEADERS  # noqa: E402

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config, rows

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from analysis.formatting import csv_cell
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config
 from .upstreams import Script, ScriptedUpstream

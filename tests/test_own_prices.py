@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.common import prices
-from proxy.serve.server import RunningProxy
+from tests.serving import RunningProxy
 from proxy.settings import config as cfg
 from proxy.simulator.app import Simulator
 

@@ -22,7 +22,7 @@ import yaml
 
 from proxy.observe.metrics import DURATION_BUCKETS
 from proxy.common.prices import row_cost
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

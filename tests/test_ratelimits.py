@@ -13,7 +13,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.meter import ratelimits
 from proxy.meter.fingerprint import credential_kind
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import rows

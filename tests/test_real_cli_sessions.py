@@ -21,7 +21,7 @@ import pytest
 
 from analysis import timeline
 from analysis.source import FileSource
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -28,7 +28,8 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.settings.config import ServeConfig
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import count_input_tokens, expected_text
 from proxy.tools.cli import setup

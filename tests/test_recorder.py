@@ -14,7 +14,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.settings.config import ServeConfig
 from proxy.meter.meter import Meter
 from proxy.record.recorder import RECORD_BATCH, RECORD_BATCH_BYTES, RECORD_BATCH_EVENTS, RECORD_DELAY_S, Recorder
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

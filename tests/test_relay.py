@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .fast_path_skips import needs

@@ -21,7 +21,7 @@ from analysis.html.report import render_html
 from analysis.source import ServeSource
 from analysis.top import run as top_run
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.common.stats import quantile
 

@@ -9,7 +9,7 @@ import pytest
 from proxy.meter.request_info import parse_request
 from proxy.meter.request_kind import path_kind, path_kind_sql, request_kind
 from proxy.common.schema import KINDS
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .cli_traffic import daily_mix

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from proxy.record import retention, store as store_mod
 from analysis.db_status import fmt_bytes
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.record.store import Store
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import duckdb
 
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.tokens import expected_text
 from proxy.tools.endpoint import base_urls

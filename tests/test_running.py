@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from proxy.common import paths, instances as running
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

@@ -19,7 +19,7 @@ from time import perf_counter_ns
 import pytest
 
 from proxy.relay import rx_stamp
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .fast_path_skips import needs

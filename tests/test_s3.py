@@ -32,7 +32,7 @@ import boto3  # noqa: E402  (moto's dependency)
 from analysis.remote import enable_remote  # noqa: E402
 from proxy.common import duck  # noqa: E402
 from proxy.cli import main  # noqa: E402
-from proxy.serve.server import RunningProxy  # noqa: E402
+from .serving import RunningProxy  # noqa: E402
 from proxy.simulator.app import Simulator  # noqa: E402
 from proxy.simulator.config import SimConfig  # noqa: E402
 

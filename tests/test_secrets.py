@@ -16,7 +16,7 @@ import pytest
 
 from proxy.common import paths
 from proxy.meter.redact import REDACTED, redact
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import RawConn, RawUpstream, Serve, chunk, http_head, raw_exchange, sends_events

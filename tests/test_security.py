@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import JSON, RawConn, RawUpstream, Serve, body_of, http_head, raw_exchange, status_of

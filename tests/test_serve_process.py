@@ -83,7 +83,7 @@ async def test_no_upstream_refuses_to_start(tmp_path: Path) -> None:
 
 
 async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path) -> None:
-    from proxy.serve.server import RunningProxy
+    from .serving import RunningProxy
 
     from .conftest import proxy_config
 

@@ -16,7 +16,7 @@ from analysis.top.feed import backfill, ticks
 from proxy.observe.live import LiveFeed
 from analysis.top.model import TopModel, quantile
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.tools.cli import setup
 from proxy.tools.toml_edit import TomlEditError, set_key_and_table

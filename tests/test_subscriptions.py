@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 from click.testing import CliRunner
 
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.tools.cli import setup
 from proxy.tools.endpoint import base_urls

@@ -25,7 +25,7 @@ from analysis.top.render import Column, table
 from analysis.top.terminal import paint
 from proxy.relay.app import CLIENT_KEY_NEEDED
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.common.terminal_text import printable
 
 from .conftest import proxy_config, rows

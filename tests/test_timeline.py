@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from analysis import timeline
 from analysis.source import FileSource
 from proxy.cli import main
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config

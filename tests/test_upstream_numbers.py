@@ -13,7 +13,7 @@ from proxy.common.bounds import RETRY_AFTER_MAX_S, checked
 
 from .conftest import proxy_config, rows
 from .upstreams import Script, ScriptedUpstream
-from proxy.serve.server import RunningProxy
+from .serving import RunningProxy
 
 HUGE = 2**70  # orjson reads it as a float that is an integer: a count past BIGINT
 SSE = [("Content-Type", "text/event-stream")]

@@ -17,7 +17,7 @@ from analysis.top.render import frame
 from analysis.window_projection import project
 from proxy.cli import main
 from proxy.observe.live import finished_entry
-from proxy.serve.server import RunningProxy
+from tests.serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 

@@ -38,7 +38,7 @@ from analysis.bench.client import Api, Result, Target
 from analysis.bench.prompts import Calibration, PromptMaker, calibrate
 from analysis.bench.runner import BenchError, Budget, Progress, new_tag_base
 from analysis.bench.summary import Stat
-from analysis.bench.upstream import RECORD_WAIT_S, _api_base, _origin, _through, check_base_url, find_serving
+from analysis.bench.upstream import RECORD_WAIT_S, sdk_base_url, base_origin, via_proxy, check_base_url, find_serving
 
 DEFAULT_ROUNDS = 30
 DEFAULT_INPUT = 500
@@ -105,8 +105,8 @@ async def open_channels(api: Api, routes: tuple[str, ...], base_urls: tuple[str,
         if serving is None:
             raise ChannelsUsageError("--routes sends through the running `llmtap serve` (start it with a --route "
                                      "for each channel), or give --base-url once per channel")
-        base = base_urls[0] if base_urls else _api_base(api, serving.url)
-        channels = [Channel(r, _through(serving.url, r, base)) for r in routes]
+        base = base_urls[0] if base_urls else sdk_base_url(api, serving.url)
+        channels = [Channel(r, via_proxy(serving.url, r, base)) for r in routes]
         from analysis.source import ServeSource
         from proxy.common import instances as running
 
@@ -123,10 +123,10 @@ async def open_channels(api: Api, routes: tuple[str, ...], base_urls: tuple[str,
     if routes and len(routes) != len(base_urls):
         raise ChannelsUsageError("with --base-url once per channel, --routes names them: as many of each")
     labels = routes or tuple(f"/c{i}" for i in range(1, len(base_urls) + 1))
-    config = ServeConfig(port=0, upstream=_origin(base_urls[0]), routes={r: _origin(u) for r, u in zip(labels, base_urls)},
+    config = ServeConfig(port=0, upstream=base_origin(base_urls[0]), routes={r: base_origin(u) for r, u in zip(labels, base_urls)},
                          db=str(db) if db else None, quiet=True, flush_interval_s=0.5)
     async with RunningProxy(config, query_setup=create_views) as proxy:
-        channels = [Channel(r, _through(proxy.url, r, u), u) for r, u in zip(labels, base_urls)]
+        channels = [Channel(r, via_proxy(proxy.url, r, u), u) for r, u in zip(labels, base_urls)]
 
         async def flush_proxy() -> None:
             await proxy.aflush(10)

@@ -99,7 +99,7 @@ async def _poll_serving(serving: ServingProxy, sql: str, expected: int) -> list[
     return rows
 
 
-def _api_base(api: Api, root: str) -> str:
+def sdk_base_url(api: Api, root: str) -> str:
     """The base URL an SDK would use for a server at `root`: OpenAI's includes /v1."""
     return root.rstrip("/") + ("/v1" if api == "openai" else "")
 
@@ -110,12 +110,14 @@ def check_base_url(base_url: str) -> None:
         raise ValueError(f"--base-url must be an http:// or https:// URL without a query, not {base_url!r}")
 
 
-def _origin(base_url: str) -> str:
+def base_origin(base_url: str) -> str:
+    """The origin (scheme, host, port) of a checked base URL: what a proxy forwards to."""
     check_base_url(base_url)
     return str(URL(base_url).origin())
 
 
-def _through(proxy_url: str, route: str, base_url: str) -> str:
+def via_proxy(proxy_url: str, route: str, base_url: str) -> str:
+    """`base_url` reached through the proxy at `proxy_url`, on its `route` prefix."""
     prefix = "/" + route.strip("/") if route.strip("/") else ""
     return proxy_url + prefix + URL(base_url).raw_path.rstrip("/")
 
@@ -128,7 +130,7 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
         check_base_url(base_url)
     serving = None if direct else await find_serving(db)
     if serving is not None:
-        base = _through(serving.url, proxy_route, base_url or _api_base(api, serving.url))
+        base = via_proxy(serving.url, proxy_route, base_url or sdk_base_url(api, serving.url))
         route = f"route {proxy_route}" if proxy_route.strip("/") else "default route"
         yield Setup(base, f"the running proxy at {serving.url} ({route})",
                     Path(serving.db) if serving.db else None, serving=serving)
@@ -139,16 +141,16 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
         if base_url is None:
             sim = await stack.enter_async_context(Simulator(simulator, record=False))
             setup.simulated, setup.capacity = True, simulator.capacity
-            upstream = _api_base(api, sim.url)
+            upstream = sdk_base_url(api, sim.url)
         assert upstream is not None
         if direct:
             setup.base_url, setup.via = upstream, "direct" + (" to the built-in simulator" if setup.simulated else "")
         else:
-            config = ServeConfig(port=0, upstream=_origin(upstream), db=str(db) if db else None, quiet=True,
+            config = ServeConfig(port=0, upstream=base_origin(upstream), db=str(db) if db else None, quiet=True,
                                  flush_interval_s=0.5)
             proxy = await stack.enter_async_context(RunningProxy(config, query_setup=create_views))
             setup.proxy, setup.db = proxy, config.db_path
-            setup.base_url = _through(proxy.url, "", upstream)
-            target = "the built-in simulator" if setup.simulated else _origin(upstream)
+            setup.base_url = via_proxy(proxy.url, "", upstream)
+            target = "the built-in simulator" if setup.simulated else base_origin(upstream)
             setup.via = f"an in-process proxy ({proxy.url}) to {target}"
         yield setup

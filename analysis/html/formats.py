@@ -1,11 +1,12 @@
-"""Number formats for the HTML report's tables (a dash for a missing value)."""
+"""Number formats for the HTML report's tables (a dash for a missing value): `html_*`, apart from the
+terminal's `analysis.formatting.fmt_*` (`fmt_ms` says "820ms" and "6.4s" where a table cell says "820")."""
 
 from __future__ import annotations
 
 DASH = "&ndash;"
 
 
-def fmt_ms(value: float | None) -> str:
+def html_ms(value: float | None) -> str:
     if value is None:
         return DASH
     if abs(value) >= 100:
@@ -13,21 +14,21 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def fmt_count(value: int | None) -> str:
+def html_count(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
 
 
-def fmt_pct(value: float | None) -> str:
+def html_pct(value: float | None) -> str:
     if value is None:
         return DASH
     return f"{value:.1f}%" if value >= 0.1 or value == 0 else f"{value:.2f}%"
 
 
-def fmt_rate(value: float | None) -> str:
+def html_rate(value: float | None) -> str:
     return DASH if value is None else f"{value:,.1f}"
 
 
-def fmt_tokens(value: int | None) -> str:
+def html_tokens(value: int | None) -> str:
     """Compact: 950, 12.3k, 4.56M, 1.2B."""
     if value is None:
         return DASH
@@ -38,7 +39,7 @@ def fmt_tokens(value: int | None) -> str:
     return f"{value:,}"
 
 
-def fmt_span(seconds: float) -> str:
+def html_span(seconds: float) -> str:
     """A duration as its two largest units: 3 d 4 h, 5 h 12 min, 42 s."""
     seconds = int(round(seconds))
     units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))

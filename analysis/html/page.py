@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from analysis.html.formats import fmt_count, fmt_ms, fmt_pct, fmt_rate, fmt_span, fmt_tokens
+from analysis.html.formats import html_count, html_ms, html_pct, html_rate, html_span, html_tokens
 
 PALETTE = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
@@ -62,18 +62,18 @@ def time_range(first: float | None, last: float | None) -> str:
     def stamp(seconds: float) -> str:
         return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
-    span = f'<span class="muted">({fmt_span(last - first)})</span>'
+    span = f'<span class="muted">({html_span(last - first)})</span>'
     return f'<p class="range">{stamp(first)} &rarr; {stamp(last)} UTC {span}</p>'
 
 
 def kpis(totals: dict[str, Any]) -> str:
-    error_pct = fmt_pct(100 * totals["errors"] / totals["requests"])
+    error_pct = html_pct(100 * totals["errors"] / totals["requests"])
     items = (
-        ("Requests", fmt_count(totals["requests"])),
-        ("Errors", f"{fmt_count(totals['errors'])} ({error_pct})"),
-        ("Models", fmt_count(totals["models"])),
-        ("Input tokens", fmt_tokens(totals["input_tokens"])),
-        ("Output tokens", fmt_tokens(totals["output_tokens"])),
+        ("Requests", html_count(totals["requests"])),
+        ("Errors", f"{html_count(totals['errors'])} ({error_pct})"),
+        ("Models", html_count(totals["models"])),
+        ("Input tokens", html_tokens(totals["input_tokens"])),
+        ("Output tokens", html_tokens(totals["output_tokens"])),
     )
     cells = "".join(
         f'<div class="kpi"><div class="kpi-v">{value}</div><div class="kpi-k">{name}</div></div>'
@@ -117,18 +117,18 @@ def summary_row(row: dict[str, Any], index: int) -> str:
         name, css = swatch(index) + html.escape(row["model"]), ""
     ttft, tpot, e2e = (row[k] or [None] * 3 for k in ("ttft_ms", "tpot_ms", "e2e_ms"))
     cells = (
-        fmt_count(row["requests"]), fmt_pct(row["error_pct"]),
-        fmt_ms(ttft[0]), fmt_ms(ttft[1]), fmt_ms(ttft[2]),
-        fmt_ms(tpot[0]), fmt_ms(tpot[1]), fmt_ms(e2e[0]), fmt_ms(e2e[1]),
-        fmt_rate(row["tokens_per_s"]), fmt_slope(row["ttft_ms_per_1k_input"]),
-        fmt_tokens(row["input_tokens"]), fmt_tokens(row["output_tokens"]),
+        html_count(row["requests"]), html_pct(row["error_pct"]),
+        html_ms(ttft[0]), html_ms(ttft[1]), html_ms(ttft[2]),
+        html_ms(tpot[0]), html_ms(tpot[1]), html_ms(e2e[0]), html_ms(e2e[1]),
+        html_rate(row["tokens_per_s"]), html_slope(row["ttft_ms_per_1k_input"]),
+        html_tokens(row["input_tokens"]), html_tokens(row["output_tokens"]),
     )  # fmt: skip
     return f'<tr{css}><th scope="row">{name}</th>' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
-def fmt_slope(ms_per_1k: float | None) -> str:
+def html_slope(ms_per_1k: float | None) -> str:
     """The prefill slope; a negative one is marked (see NEGATIVE_SLOPE)."""
-    text = fmt_ms(ms_per_1k)
+    text = html_ms(ms_per_1k)
     return f'<span title="{html.escape(NEGATIVE_SLOPE)}">{text}*</span>' if ms_per_1k is not None and ms_per_1k < 0 else text
 
 
@@ -138,8 +138,8 @@ def error_table(rows: list[dict[str, Any]], total: int) -> str:
     e = html.escape
     body = "".join(
         f"<tr><td>{e(r['outcome'])}</td><td>{'' if r['status'] is None else r['status']}</td>"
-        f"<td>{e(r['error_type'] or '')}</td><td class=\"n\">{fmt_count(r['n'])}</td>"
-        f"<td class=\"n\">{fmt_pct(100 * r['n'] / total)}</td><td class=\"n\">{r['models']}</td>"
+        f"<td>{e(r['error_type'] or '')}</td><td class=\"n\">{html_count(r['n'])}</td>"
+        f"<td class=\"n\">{html_pct(100 * r['n'] / total)}</td><td class=\"n\">{r['models']}</td>"
         f"<td class=\"msg\">{e(r['example'] or '')}</td></tr>"
         for r in rows
     )

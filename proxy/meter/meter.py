@@ -9,8 +9,11 @@ docstring says exactly when it fires; mitmproxy's hook style):
 - `on_chunk(data, t)`: one read of the response body, already written to the client
   (`on_message(payload, t)` for one upstream frame of a WebSocket response);
 - `on_response_end(t)`: the response's last bytes were handed to the client's connection;
-- `on_refused(status)`: llmtap answered itself with `status`, nothing came from upstream;
-- `on_websocket_turn(frame, t)`: a client's `response.create` opened a response on a WebSocket.
+- `on_answered_locally(status)`: llmtap answered itself with `status` (a refusal, an upstream it
+  could not reach), nothing came from upstream;
+- `on_websocket_turn(frame, t, done)`: a client's `response.create` opened a response on a
+  WebSocket; the meter calls `done()` when its frames end the turn (`turn_done`, the one event the
+  meter raises back).
 
 The request ends with `proxy.record.recorder.Recorder.end(meter, outcome, error)`, which calls `finish`
 once to build the row. Every timestamp is `time.perf_counter_ns()` taken by the relay right
@@ -26,11 +29,12 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
 
@@ -53,6 +57,9 @@ MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to 
 MAX_SSE_EVENT = 8 * 1024 * 1024
 PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
 PENDING_BYTES = 256 * 1024
+# Nor kept longer than this (parsed with the first read after it): what a live view (`snapshot`,
+# ticking every 250 ms) shows of a slow stream is that fresh, whoever watches.
+PENDING_NS = 250_000_000
 # Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
@@ -66,6 +73,43 @@ NO_HEAD: tuple[bytes, int, str, bool, int, str | None] = (b"\n\n", 0, "", False,
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
 _IDS = random.Random(os.urandom(32))  # seeded once per process (and again in a forked child)
 os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
+class ResponseTap(Protocol):
+    """A copy of the response as the meter reads it (`--capture-bodies`: proxy/meter/capture.py), given
+    to the meter at construction. The meter calls it; it never changes what the meter measures."""
+
+    def on_body(self, data: bytes) -> None:
+        """Decoded bytes of the response body, in order, as the meter parses them: a stream's, or a
+        whole body's (the part the meter keeps to parse, up to MAX_JSON_BODY)."""
+
+    def on_frame(self, payload: bytes) -> None:
+        """One WebSocket text frame from the upstream, after the meter read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A request in flight as its meter has read it so far (`Meter.snapshot`: the live feed's view).
+    Its figures are those of the meter's last parse: taking one parses nothing, so a viewer never
+    changes when the meter parses (a read waits at most PENDING_NS for it, viewer or not)."""
+
+    id: str
+    method: str
+    path: str
+    status: int | None
+    received: int  # the arrival, perf_counter_ns
+    request_read: bool  # the request's body is read whole: `Meter.request_labels` has its model and session
+    first_output: int | None  # the first output event (perf_counter_ns), None before one
+    output_events: int
+    tokens: int  # output tokens so far: the upstream's count where it says more than the text shows, else chars / 4
+
+
+class RequestLabels(NamedTuple):
+    """What a request is, for a live view: the model asked for, the tool and the session."""
+
+    model: str | None
+    tool: str | None
+    session_id: str | None
 
 
 def next_id() -> str:
@@ -84,6 +128,7 @@ class Meter:
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
+        "_tap", "_turn_done",  # the constructor's `tap`, on_websocket_turn's `done`
     )
 
     def __init__(
@@ -97,7 +142,12 @@ class Meter:
         route: str,
         upstream_host: str,
         tag: str | None,
+        credential: str | None = None,
+        tap: ResponseTap | None = None,
     ) -> None:
+        """`credential`: the upstream key llmtap injects for this request's route, if any (its
+        fingerprint goes in the row instead of the client's). `tap`: what copies the response
+        (`ResponseTap`), if anything does."""
         self.id = next_id()
         # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
         self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
@@ -110,7 +160,7 @@ class Meter:
         self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
         self.request_body = b""
         self.request_bytes: int | None = None
-        self.credential: str | None = None  # an injected upstream key: fingerprinted instead of the client's
+        self.credential = credential  # an injected upstream key: fingerprinted instead of the client's
         self.upstream_sent: int | None = None
         self.connection: ConnectionMarks | None = None  # stamped by the upstream connector's hooks (conn_timing.py)
         self.upstream_headers: int | None = None
@@ -138,6 +188,8 @@ class Meter:
         self.broken: str | None = None
         self.partial = False  # the meter skipped part of the response: a missing terminal event proves nothing
         self.captured: tuple[Any, ...] | None = None  # the bodies row, with --capture-bodies (proxy/meter/capture.py)
+        self._tap = tap
+        self._turn_done: Callable[[], None] | None = None  # on_websocket_turn's `done`
 
     # -- the relay's observation points --------------------------------------
 
@@ -160,14 +212,20 @@ class Meter:
         loop turn after it, are the client's reading and llmtap's, not the response's)."""
         self.response_end = t_ns
 
-    def on_refused(self, status: int) -> None:
-        """llmtap answered the request itself with `status` (a refusal, or an upstream it could not
-        reach): no response came from upstream."""
+    def on_answered_locally(self, status: int) -> None:
+        """llmtap answered the request itself with `status`: a refusal (no route, a path that climbs,
+        the client key missing, a body too large, ...), or an upstream (or the forward proxy to it)
+        that could not be reached or did not answer in time. No response came from upstream."""
         self.status = status
 
-    def on_websocket_turn(self, frame: bytes, t_ns: int) -> None:
+    def on_websocket_turn(self, frame: bytes, t_ns: int, done: Callable[[], None] | None = None) -> None:
         """A client's `response.create` frame opened a response on a WebSocket (already upgraded:
-        status 101, and every response on it streams)."""
+        status 101, and every response on it streams). `done` is the turn's end as the meter reads
+        it, called once from `on_message`: at the upstream's terminal frame (the dialect's
+        `terminal`: completed, failed, incomplete, error), or at the frame the meter broke on, since
+        a broken meter can no longer tell the end (its row ends there and says why, `parse_error`).
+        The relay ends the turn there; the connection's close ends one that is never done."""
+        self._turn_done = done
         self.on_request_read(frame)
         self.status, self.is_stream = 101, True
         self.upstream_sent = self.upstream_headers = t_ns
@@ -205,7 +263,7 @@ class Meter:
         pending = self._pending
         pending.append((data, t_ns))
         self._pending_bytes += size
-        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES:
+        if len(pending) >= PENDING_READS or self._pending_bytes >= PENDING_BYTES or t_ns - pending[0][1] >= PENDING_NS:
             self.drain()
 
     def drain(self) -> None:
@@ -218,7 +276,7 @@ class Meter:
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         try:
             decoder, sse = self._decoder, self._sse
-            if decoder is not None and decoder.identity and sse is not None:
+            if decoder is not None and decoder.identity and sse is not None and self._tap is None:
                 self._events(sse, pending)  # a plain stream: the common case, in one loop
                 return
             for data, t_ns in pending:
@@ -345,8 +403,12 @@ class Meter:
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
+            if self._tap is not None:
+                self._tap.on_body(data)
             self._events(self._sse, ((data, t_ns),))
         elif self._body is not None and self._body_len < MAX_JSON_BODY:
+            if self._tap is not None:
+                self._tap.on_body(data)
             self._body.append(data)
             self._body_len += len(data)
 
@@ -366,16 +428,32 @@ class Meter:
             self.mark_broken("decoded body over the measuring limit; metrics partial")
 
     def on_message(self, payload: bytes, t_ns: int) -> None:
-        """One WebSocket text frame from the upstream (Responses over WebSocket)."""
-        if self.first_byte is None:
-            self.first_byte = t_ns
-        self.response_bytes += len(payload)
-        delta = self.dialect.on_event(payload, None)
-        if self.dialect.unstamped:
-            self.dialect.stamp(t_ns)
-        if delta is not None:
-            kind, visible, chars = delta
-            self._output(kind, visible, chars, len(payload), t_ns)
+        """One WebSocket text frame from the upstream (Responses over WebSocket). Never raises: a
+        failure marks the row and ends the turn (`on_websocket_turn`'s `done`)."""
+        try:
+            if self.first_byte is None:
+                self.first_byte = t_ns
+            self.response_bytes += len(payload)
+            delta = self.dialect.on_event(payload, None)
+            if self.dialect.unstamped:
+                self.dialect.stamp(t_ns)
+            if delta is not None:
+                kind, visible, chars = delta
+                self._output(kind, visible, chars, len(payload), t_ns)
+            if self._tap is not None:
+                self._tap.on_frame(payload)
+        except Exception as exc:
+            self.partial = True  # the rest of the turn goes unread: a missing terminal event proves nothing
+            self.mark_broken(f"meter: {type(exc).__name__}: {exc}")
+            self._end_turn()
+            return
+        if self.dialect.terminal:
+            self._end_turn()
+
+    def _end_turn(self) -> None:
+        done, self._turn_done = self._turn_done, None
+        if done is not None:
+            done()
 
     def _output(self, kind: str, visible: bool, chars: int, size: int, t_ns: int) -> None:
         self.times.append(t_ns)
@@ -413,6 +491,26 @@ class Meter:
     def mark_broken(self, message: str) -> None:
         if self.broken is None:
             self.broken = message[:200]
+
+    # -- in flight --------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """How far the request got, as read so far (`Snapshot`); parses nothing."""
+        times = self.times
+        tokens = 0  # before the first output event (Anthropic reports 1 output token at message_start)
+        if times:
+            tokens = max(self.dialect.usage.output_tokens or 0, math.ceil(self.chars / 4))
+        return Snapshot(self.id, self.method, self.path, self.status, self.received, self.request_bytes is not None,
+                        times[0] if times else None, len(times) + self._over, tokens)
+
+    def request_labels(self) -> RequestLabels:
+        """The request's model, tool and session: the tool from its headers, the rest from its body
+        once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
+        tool = tool_from_headers(self.headers)
+        if self.request_bytes is None:
+            return RequestLabels(None, tool, None)
+        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
+        return RequestLabels(info.request_model, tool, info.session_id)
 
     # -- the row ----------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """`GET /_llmtap/live`: a server-sent-event feed of what the proxy is doing, for `llmtap top`.
 
 Cheap by construction. Nothing runs per chunk: while at least one viewer is
-connected, one ticker task wakes every `TICK_S`, reads the counters of the
-in-flight meters, takes the rows finished since the previous tick (a
-listener only keeps a reference to each), serialises one `tick` event and
-hands the same bytes to every viewer. With no viewer connected the feed is
+connected, one ticker task wakes every `TICK_S`, takes a `Meter.snapshot()` of
+each in-flight request (as far as its meter has read: the feed never makes a
+meter parse), takes the rows finished since the previous tick (a listener
+only keeps a reference to each), serialises one `tick` event and hands the
+same bytes to every viewer. With no viewer connected the feed is
 unregistered and costs nothing at all.
 
 Each viewer has a bounded queue: a viewer that reads too slowly loses its
@@ -19,7 +20,6 @@ A tick's JSON: `now` (epoch s), `dropped`, `requests_seen`, `loop_lag`
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from typing import Any, Callable
@@ -27,12 +27,10 @@ from typing import Any, Callable
 import orjson
 from aiohttp import web
 
-from proxy.meter.clients import tool_from_headers
-from proxy.meter.meter import Meter
+from proxy.meter.meter import Meter, RequestLabels, Snapshot
 from proxy.common.prices import row_cost
 from proxy.observe.looplag import LoopLag
 from proxy.record.recorder import Finished, Recorder
-from proxy.meter.request_info import parse_request
 
 TICK_S = 0.25
 VIEWER_QUEUE = 16  # ticks (4 s) a viewer may fall behind before it loses the oldest
@@ -46,7 +44,7 @@ FINISHED_FIELDS = (
     "reasoning_tokens", "ratelimit_requests_remaining", "ratelimit_requests_limit", "ratelimit_tokens_remaining",
     "ratelimit_tokens_limit", "ratelimit_5h_utilization", "ratelimit_7d_utilization", "ratelimit_5h_reset", "cost_usd",
 )
-Labels = tuple[str | None, str | None, str | None]  # model, tool, session_id
+Labels = tuple[str | None, str | None, str | None]  # model, tool, session_id (a RequestLabels)
 
 
 class Viewer:
@@ -129,21 +127,24 @@ class LiveFeed:
             "now": now,
             "requests_seen": self.recorder.requests_seen,
             "loop_lag": self.loop_lag.summary(),
-            "inflight": [inflight_entry(m, self._labels(m), now_ns) for m in meters],
+            "inflight": [self._inflight(m, now_ns) for m in meters],
             "finished": finished,
             "finished_dropped": self.finished_dropped,
         }
         return orjson.dumps(tick)
 
-    def _labels(self, meter: Meter) -> Labels:
+    def _inflight(self, meter: Meter, now_ns: int) -> dict[str, Any]:
+        snap = meter.snapshot()
+        return _entry(snap, self._labels(meter, snap), now_ns)
+
+    def _labels(self, meter: Meter, snap: Snapshot) -> Labels:
         """Model, tool and session of a request, parsed once its body has arrived."""
-        labels = self.labels.get(meter.id)
+        labels = self.labels.get(snap.id)
         if labels is None:
-            if meter.request_bytes is None:  # the body is still being read
-                return None, tool_from_headers(meter.headers), None
-            info = parse_request(meter.path, meter.headers, meter.request_body, method=meter.method)
-            labels = self.labels[meter.id] = (info.request_model, tool_from_headers(meter.headers),
-                                              info.session_id)
+            found: RequestLabels = meter.request_labels()
+            if snap.request_read:  # else the body is still being read: asked again next tick
+                self.labels[snap.id] = found
+            return found
         return labels
 
     def _forget_finished_labels(self) -> None:
@@ -152,30 +153,22 @@ class LiveFeed:
 
 
 def inflight_entry(meter: Meter, labels: Labels, now_ns: int) -> dict[str, Any]:
-    """A request still running: what it is and how far it got."""
-    meter.drain()  # the reads it keeps unparsed until it has a batch
-    elapsed_ms = (now_ns - meter.received) / 1e6
-    ttft_ms = (meter.times[0] - meter.received) / 1e6 if meter.times else None
-    tokens = _tokens_so_far(meter)
+    """A request still running: what it is and how far it got (its meter's `snapshot`)."""
+    return _entry(meter.snapshot(), labels, now_ns)
+
+
+def _entry(snap: Snapshot, labels: Labels, now_ns: int) -> dict[str, Any]:
+    elapsed_ms = (now_ns - snap.received) / 1e6
+    ttft_ms = (snap.first_output - snap.received) / 1e6 if snap.first_output is not None else None
+    tokens = snap.tokens
     model, tool, session_id = labels
     return {
-        "id": meter.id, "method": meter.method, "path": meter.path,
-        "model": model, "tool": tool, "session_id": session_id, "status": meter.status,
+        "id": snap.id, "method": snap.method, "path": snap.path,
+        "model": model, "tool": tool, "session_id": session_id, "status": snap.status,
         "elapsed_ms": round(elapsed_ms, 1), "ttft_ms": None if ttft_ms is None else round(ttft_ms, 1),
-        "output_events": meter.output_events, "tokens": tokens,
+        "output_events": snap.output_events, "tokens": tokens,
         "tokens_per_s": round(tokens * 1000 / elapsed_ms, 1) if tokens and elapsed_ms > 0 else None,
     }
-
-
-def _tokens_so_far(meter: Meter) -> int:
-    """Reported output tokens when the stream has said more than the text shows, else chars / 4.
-
-    Zero before the first output event (Anthropic reports 1 output token at message_start).
-    """
-    if not meter.times:
-        return 0
-    reported = meter.dialect.usage.output_tokens or 0
-    return max(reported, math.ceil(meter.chars / 4))
 
 
 def finished_entry(row: dict[str, Any]) -> dict[str, Any]:

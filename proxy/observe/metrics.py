@@ -1,6 +1,6 @@
 """Prometheus metrics of the finished requests, served at `GET /_llmtap/metrics`.
 
-`PrometheusMetrics.observe(row)` is a `ProxyState` listener: it runs on the
+`PrometheusMetrics.observe(row)` is one of the recorder's observers (`recorder.on_rows`): it runs on the
 event loop once per finished request, so it only updates counters in memory
 and never raises. `render()` produces the text exposition for a scrape.
 

@@ -5,7 +5,7 @@ unless an OTLP endpoint is configured (`otel_endpoint`, the collector's base
 URL such as `http://otel-collector:4318`; spans go to `/v1/traces` and
 metrics to `/v1/metrics` under it, over OTLP/HTTP protobuf).
 
-`OtelExporter.observe(row)` is a `ProxyState` listener. It runs on the event
+`OtelExporter.observe(row)` is one of the recorder's observers (`recorder.on_rows`). It runs on the event
 loop, so it only builds a span and records histogram points in memory; the
 SDK's batch span processor and periodic metric reader send them from their
 own threads. Attributes follow the GenAI semantic conventions

@@ -1,6 +1,6 @@
 """One owner of a request's life, from its arrival to its row.
 
-The relay (app.py, forward.py, websocket.py) says `recorder.start(...)` when a request arrives and
+The relay (proxy/relay: app.py, reverse.py, websocket.py) says `recorder.start(...)` when a request arrives and
 gets its meter back (None when not measuring); it tells the meter what happens as it happens (the
 meter's named events, proxy/meter/meter.py); and it says `recorder.end(meter, outcome, error)` once,
 however the request ended. The recorder keeps the in-flight registry (what `/_llmtap/live` shows),
@@ -108,8 +108,7 @@ class Recorder:
             return None
         meter = make_meter(cfg.capture_bodies and relayed, cfg.capture_max_kb, received_ns=received_ns,
                            method=method, path=path, query=dict(query), headers=headers, route=route,
-                           upstream_host=upstream_host, tag=tag)
-        meter.credential = credential
+                           upstream_host=upstream_host, tag=tag, credential=credential)
         self.inflight[meter.id] = meter
         return meter
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from proxy.record import admin_sql
 from proxy.observe import live
 from proxy.settings.client_key import same_secret
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.app_state import STATE, AppState
 from proxy.common.instances import ADMIN_PREFIX, TOKEN_HEADER
 
 FLUSH_BEFORE_QUERY_S = 2.0
@@ -52,7 +52,7 @@ def _local_name(host: str | None) -> bool:
     return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
 
 
-def allowed(request: web.Request, state: ProxyState) -> bool:
+def allowed(request: web.Request, state: AppState) -> bool:
     """Loopback peers only, unless `--allow-remote`; and always the admin token.
 
     The token is made per start unless configured, and kept in the owner-only state file
@@ -95,7 +95,7 @@ async def handle(request: web.Request, name: str) -> web.StreamResponse:
     return await answer(request, state, name)
 
 
-async def answer(request: web.Request, state: ProxyState, name: str) -> web.StreamResponse:
+async def answer(request: web.Request, state: AppState, name: str) -> web.StreamResponse:
     """An allowed admin request, answered by this process."""
     if name == "health" and request.method == "GET":
         return _json(health(state))
@@ -108,7 +108,7 @@ async def answer(request: web.Request, state: ProxyState, name: str) -> web.Stre
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
 
 
-def health(state: ProxyState) -> dict[str, Any]:
+def health(state: AppState) -> dict[str, Any]:
     store = state.store
     stats = store.stats() if store is not None else None
     return {
@@ -129,17 +129,17 @@ def health(state: ProxyState) -> dict[str, Any]:
     }
 
 
-def fast_paths(state: ProxyState) -> dict[str, Any]:
+def fast_paths(state: AppState) -> dict[str, Any]:
     """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
     and whether arrivals are dated by the kernel's receive time (proxy/relay/rx_stamp.py)."""
     from proxy.relay import rx_stamp
 
-    connector = getattr(getattr(state, "session", None), "connector", None)
+    connector = state.upstream_session.connector if state.upstream_session is not None else None
     found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
     return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
 
 
-async def metrics(state: ProxyState) -> web.Response:
+async def metrics(state: AppState) -> web.Response:
     """The Prometheus scrape, rendered off the event loop (prometheus_client is thread-safe)."""
     if state.metrics is None:
         return _json({"error": "this proxy has no metrics"}, 404)
@@ -147,7 +147,7 @@ async def metrics(state: ProxyState) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-async def sql(request: web.Request, state: ProxyState) -> web.Response:
+async def sql(request: web.Request, state: AppState) -> web.Response:
     """One read-only query (store.Store.query) in admin SQL's own threads (proxy/record/admin_sql.py), with
     its timeout and its answer's byte cap; stopped when the client goes away. The rows of requests
     already over are written first (at most FLUSH_BEFORE_QUERY_S), so `llmtap sql`, `report` and
@@ -180,7 +180,7 @@ async def sql(request: web.Request, state: ProxyState) -> web.Response:
 # -- serve --workers N: the primary's private admin socket -----------------------------------------
 
 
-def private_app(state: ProxyState) -> web.Application:
+def private_app(state: AppState) -> web.Application:
     """What the primary answers on its private Unix socket (in the 0700 run directory): the admin
     requests its workers were sent and allowed, relayed with the token. It checks again: the peer
     is a process of this Unix user (SO_PEERCRED) and sends the admin token."""

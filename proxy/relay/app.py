@@ -16,8 +16,9 @@ from proxy.settings import client_key
 from proxy.relay.guard import is_preflight
 from proxy.settings.egress import client_ssl_context
 from proxy.relay.errors import error_response
-from proxy.relay.reverse import TAG_KEY, relay, split_raw_path, start_meter
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.reverse import relay
+from proxy.relay.upstream import TAG_KEY, start_meter
+from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
 from proxy.common.instances import ADMIN_PREFIX, TAG_PREFIX
 from proxy.common.schema import Outcome
@@ -58,6 +59,11 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     if websocket.is_upgrade(request):
         return await websocket.relay(request, route, path, query, received)
     return await relay(request, route, path, query, received)
+
+
+def split_raw_path(raw: str) -> tuple[str, str]:
+    path, _, query = raw.partition("?")
+    return path, query
 
 
 NOT_A_FORWARD_PROXY = ("llmtap is a reverse proxy, not a forward proxy: only paths (`/v1/...`) are relayed, "
@@ -153,22 +159,30 @@ def _record_local(request: web.Request, path: str, received: int, status: int, o
     state = request.app[STATE]
     meter = start_meter(state, request, route, path, received, relayed=False)
     if meter is not None:
-        meter.on_refused(status)
+        meter.on_answered_locally(status)
         state.recorder.end(meter, outcome, error)
 
 
 @web.middleware
-async def refuse_forward_proxying(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every request: its arrival is its first byte (arrival.py). CONNECT, absolute-form
-    (`GET http://host/...`) and `OPTIONS *` targets: refused before routing (CONNECT and `*` match
-    no route), in words, with a row."""
+async def on_arrival(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request's first step (one middleware, not two: each costs a call per request): its
+    arrival is stamped (`RECEIVED`: its first byte, arrival.py), then a target that asks for a
+    forward proxy is refused (`refuse_forward_target`)."""
     received = request[RECEIVED] = arrival.take(request, perf_counter_ns())
+    if (refused := refuse_forward_target(request, received)) is not None:
+        return refused
+    return await handler(request)
+
+
+def refuse_forward_target(request: web.Request, received: int) -> web.Response | None:
+    """CONNECT, absolute-form (`GET http://host/...`) and `OPTIONS *` targets: refused before routing
+    (CONNECT and `*` match no route), in words, with a row; None for a path, which is relayed."""
     target = request.raw_path
     if request.method == "CONNECT" or not target.startswith("/"):
         status = 405 if request.method == "CONNECT" else 400
         return reject(request, target.partition("?")[0], received, status, NOT_A_FORWARD_PROXY,
                       "not_a_forward_proxy")
-    return await handler(request)
+    return None
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
@@ -179,11 +193,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
                  else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
-    state.session = aiohttp.ClientSession(
+    state.open_session(aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         **HTTP_LIMITS,
-    )
+    ))
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup
     yield
     lag.cancel()
@@ -192,15 +206,15 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         await connector.resolver.close()
 
 
-def make_app(state: ProxyState) -> web.Application:
-    app = web.Application(client_max_size=0, middlewares=[refuse_forward_proxying])
+def make_app(state: AppState) -> web.Application:
+    app = web.Application(client_max_size=0, middlewares=[on_arrival])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
     app.router.add_route("*", "/{tail:(?s:.*)}", dispatch)  # every path, a `%0a` in it too: each leaves a row
     return app
 
 
-def routes_banner(state: ProxyState, base_url: str) -> str:
+def routes_banner(state: AppState, base_url: str) -> str:
     lines = [f"llmtap listening on {base_url}"]
     for route in sorted(state.routes.routes, key=lambda r: r.prefix):
         via = f"  (through the forward proxy {route.proxy.host}:{route.proxy.port})" if route.proxy else ""

@@ -20,7 +20,7 @@ Everything not on this path (status, headers, the request, pooling, timeouts) st
 
 This is the `body_pipe` fast path (proxy/relay/fast_paths.py): it runs only where the start-up probe
 finds aiohttp's reader, connection and writer shaped as here, for a reader of exactly that class;
-else forward.py's `_read_and_write` relays the body through the public API.
+else reverse.py's `_read_and_write` relays the body through the public API.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ probe finds the shape it was written for, on an aiohttp release it was tested wi
 |---|---|---|
 | `body_pipe` | a response body from the upstream parser's `feed_data` straight to the client's transport (body_pipe.py) | `readany()` and `StreamResponse.write()`, a task wake-up per piece; each piece stamped when the task has it |
 | `arrival` | a request's arrival stamped at the read of its first byte (arrival.py) | the handler's start: after the request's headers are parsed |
-| `headers_later` | a whole answer's headers and body leave in one write (forward.py `_Answer`) | the headers in their own write, at `prepare()` |
+| `headers_later` | a whole answer's headers and body leave in one write (reverse.py `_Answer`) | the headers in their own write, at `prepare()` |
 | `conn_timing` | `tcp_end` stamped between the TCP connect and the TLS handshake (conn_timing.py: the connector's `_factory`) | the handshake counts in `connect_ms`, `tls_ms` is NULL |
 
 A path is refused (the public one runs) when aiohttp is outside `OLDEST`..`NEWEST` (`NEWEST` is the
@@ -182,7 +182,7 @@ def arrival_shape(handler: type = web.RequestHandler, server: type = web.Server,
 
 
 def headers_later_shape(response: type = web.StreamResponse, whole: type = web.Response) -> str | None:
-    """forward.py's `_Answer`: `_send_headers_immediately` False, as `web.Response` has it."""
+    """reverse.py's `_Answer`: `_send_headers_immediately` False, as `web.Response` has it."""
     if vars(response).get("_send_headers_immediately") is not True or \
             inspect.getattr_static(whole, "_send_headers_immediately", None) is not False:
         return f"{_name(response)} does not choose when to send headers by _send_headers_immediately"

@@ -1,8 +1,10 @@
 """WebSocket relay (Codex's transport for the Responses API), frame by frame both ways.
 
 One row per response: a client `response.create` frame starts a meter, the
-upstream's frames feed it, and the terminal event (or the end of the
-connection) records it.
+upstream's frames feed it, and the turn ends when the meter says it is done
+(`Meter.on_websocket_turn`'s `done`: the upstream's terminal frame, or the frame
+the meter broke on), when the next `response.create` supersedes it, or when the
+connection closes. The relay reads no frame's meaning itself.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from proxy.relay.errors import error_response
-from proxy.relay.reverse import outgoing_headers, proxy_failure, proxy_refused, start_meter
+from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
 from proxy.meter.meter import Meter
-from proxy.relay.app_state import STATE, ProxyState
+from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
 from proxy.common.schema import Outcome
 
@@ -37,7 +39,7 @@ def _protocols(request: web.Request) -> tuple[str, ...]:
 class _Turns:
     """The meter of the response under way on this connection; each starts at its `response.create`."""
 
-    def __init__(self, state: ProxyState, request: web.Request, route: Route, path: str) -> None:
+    def __init__(self, state: AppState, request: web.Request, route: Route, path: str) -> None:
         self.state, self.request, self.route, self.path = state, request, route, path
         self.meter: Meter | None = None
 
@@ -49,7 +51,7 @@ class _Turns:
         meter = start_meter(self.state, self.request, self.route, self.path, now)
         if meter is None:
             return
-        meter.on_websocket_turn(text.encode(), now)
+        meter.on_websocket_turn(text.encode(), now, done=lambda: self.turn_done(meter))
         self.meter = meter
 
     def upstream_frame(self, data: bytes) -> None:
@@ -57,10 +59,14 @@ class _Turns:
         if meter is None:
             return
         try:
-            meter.on_message(data, perf_counter_ns())
-        except Exception as exc:
+            meter.on_message(data, perf_counter_ns())  # calls turn_done when the frame ends the turn
+        except Exception as exc:  # pragma: no cover - the meter never raises; if it did, it is broken
             meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
-        if meter.dialect.terminal:
+            self.turn_done(meter)
+
+    def turn_done(self, meter: Meter) -> None:
+        """The meter says its turn is over: recorded, outcome as the meter saw it."""
+        if self.meter is meter:
             self.end(None, None)
 
     def end(self, outcome: Outcome | None, error: tuple[str, str] | None) -> None:
@@ -112,7 +118,7 @@ def _refuse(turns: _Turns, received: int, status: int, message: str, code: str, 
     """The upgrade failed before any frame: the client gets the status, the row says why."""
     turns.meter = start_meter(turns.state, turns.request, turns.route, turns.path, received)
     if turns.meter is not None:
-        turns.meter.on_refused(status)
+        turns.meter.on_answered_locally(status)
         turns.end(outcome, (code, message))
     return error_response(turns.path, status, f"llmtap: {message}", code)
 

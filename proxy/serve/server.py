@@ -30,7 +30,8 @@ from proxy.observe.otel import OtelExporter, OtelSettings, OtelUnavailable
 from proxy.observe.thresholds import ThresholdWatch
 from proxy.settings.alerts import check_alerts
 from proxy.record.recorder import on_rows, store_observer
-from proxy.relay.app_state import ProxyState
+from proxy.observe.looplag import LoopLag
+from proxy.relay.app_state import AdminForward, AppState
 from proxy.common.terminal_text import stderr_line
 from proxy.record.store import QuerySetup, Store
 
@@ -75,18 +76,16 @@ def remote_warning(config: ServeConfig) -> str | None:
 class RunningProxy:
     """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
 
-    default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
-
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
-                 worker: tuple[str, str | None] | None = None) -> None:
+                 worker: tuple[str, str | None] | None = None, admin_relay: AdminForward | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
         proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/).
 
         `reuse_port`: listen with SO_REUSEPORT, beside the other processes of `serve --workers N`.
         `worker`: this is one of those workers (proxy/serve/workers.py), given the primary's admin token
         and client key: it relays and measures, and its rows go to the primary, which alone has the
-        database, the metrics and the exporters."""
+        database, the metrics and the exporters; `admin_relay` sends the worker's admin requests there."""
         self.config = config
         apply_prices(config)
         self.reuse_port = reuse_port
@@ -98,7 +97,7 @@ class RunningProxy:
                                record_chunks=config.record_chunks, memory_limit_mb=config.db_memory_mb,
                                retain_days=config.retain_days, retain_bodies_days=config.retain_bodies_days,
                                report=report)
-            self.store.query_setup = query_setup or self.default_query_setup
+            self.store.query_setup = query_setup
         injects = any(route.credential for route in routes.routes)
         token, key = worker if worker is not None else (admin_token(config), client_key() if injects else None)
         try:
@@ -106,12 +105,16 @@ class RunningProxy:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.admin_sql = AdminSql(config.sql_timeout_s) if self.store is not None else None
-        self.state = ProxyState(config=config, routes=routes, store=self.store, report=report,
-                                admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
-                                guard=Guard.build(config.allow_origins, config.allow_hosts,
-                                                  remote=config.allow_remote and bool(_wide_hosts(config))))
         if config.metrics_names not in METRICS_NAMES:
             raise ConfigError(f"metrics_names is {' or '.join(METRICS_NAMES)}, not {config.metrics_names!r}")
+        loop_lag = LoopLag()
+        metrics = None if worker is not None else PrometheusMetrics(
+            store_stats=self.store.stats if self.store else None, loop_lag=loop_lag.summary, names=config.metrics_names)
+        self.state = AppState(config=config, routes=routes, store=self.store, report=report,
+                              admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
+                              guard=Guard.build(config.allow_origins, config.allow_hosts,
+                                                remote=config.allow_remote and bool(_wide_hosts(config))),
+                              metrics=metrics, loop_lag=loop_lag, admin_relay=admin_relay)
         self.otel: OtelExporter | None = None
         self.runner: web.AppRunner | None = None
         self.port = config.port
@@ -120,12 +123,11 @@ class RunningProxy:
             return  # a worker's observers: its rows' shipper (proxy/serve/workers.py), nothing else
         if config.update_prices:
             prices.enable_updates()  # genai-prices' own hourly fetch: opt-in
-        self.state.metrics = PrometheusMetrics(store_stats=self.store.stats if self.store else None,
-                                               loop_lag=self.state.loop_lag.summary, names=config.metrics_names)
         recorder = self.state.recorder
         if self.store is not None:
             recorder.observe(store_observer(self.store, config.record_chunks))
-        recorder.observe(on_rows(self.state.metrics.observe))
+        if metrics is not None:
+            recorder.observe(on_rows(metrics.observe))
         limits = check_alerts(config.alerts)
         if limits.window_5h_utilization is not None or limits.daily_budget_usd is not None:
             recorder.observe(on_rows(ThresholdWatch(limits, report, config.key_names).observe))

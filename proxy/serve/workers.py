@@ -79,9 +79,6 @@ VIA_HEADER = "X-Llmtap-Worker"  # on admin answers a worker relayed from the pri
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
 
-_report = stderr_line
-
-
 # -- the primary's side -----------------------------------------------------------------------------
 
 
@@ -139,7 +136,7 @@ class Workers:
             await self._spawn(w)
         for w in self.workers:
             await self._wait_ready(w)
-        self.state.workers = self
+        self.state.attach_workers(self)
 
     async def _serve_admin(self) -> None:
         directory = running.private_dir()
@@ -249,7 +246,7 @@ class Workers:
                     w.proc.kill()
             if pending:
                 await asyncio.wait(pending, timeout=5.0)
-        self.state.workers = None
+        self.state.attach_workers(None)
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
             self._admin_runner = None
@@ -388,13 +385,12 @@ async def worker(fd: int) -> int:
     setup = init[1]
     index = setup["index"]
     config = replace(setup["config"], quiet=True)  # the primary prints every process's request lines
-    report = lambda line: _report(line.replace("llmtap:", f"llmtap worker {index}:", 1))  # noqa: E731
+    report = lambda line: stderr_line(line.replace("llmtap:", f"llmtap worker {index}:", 1))  # noqa: E731
+    relay = AdminRelay(setup["admin_socket"], setup["admin_token"], index)
     proxy = RunningProxy(config, report=report, reuse_port=True,
-                         worker=(setup["admin_token"], setup["client_key"]))
+                         worker=(setup["admin_token"], setup["client_key"]), admin_relay=relay)
     shipper = Shipper(channel)
     proxy.state.recorder.observe(shipper)
-    relay = AdminRelay(setup["admin_socket"], setup["admin_token"], index)
-    proxy.state.admin_relay = relay
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
