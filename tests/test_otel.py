@@ -197,7 +197,7 @@ def test_runs_without_the_extra() -> None:
     code = (
         "import sys\n"
         "for name in ('opentelemetry', 'opentelemetry.sdk', 'opentelemetry.trace'): sys.modules[name] = None\n"
-        "from proxy import otel\n"
+        "from proxy.observe import otel\n"
         "assert not otel.available()\n"
         "try:\n"
         "    otel.OtelExporter.from_settings(otel.OtelSettings(endpoint='http://127.0.0.1:4318'))\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import duckdb
+import pytest
 
 from proxy.common import paths, instances as running
 from proxy.simulator.app import Simulator

@@ -45,9 +45,10 @@ def inflight_row(i: int, session: str = "s1", elapsed: float = 2000.0) -> dict[s
             "output_events": 10, "tokens": 12, "tokens_per_s": 6.0}
 
 
-def tick(finished: list[dict[str, Any]] = [], inflight: list[dict[str, Any]] = [], now: float = NOW) -> dict[str, Any]:
+def tick(finished: list[dict[str, Any]] | None = None, inflight: list[dict[str, Any]] | None = None,
+         now: float = NOW) -> dict[str, Any]:
     return {"now": now, "dropped": 0, "requests_seen": 0, "loop_lag": {"p50_ms": 0.2, "p99_ms": 1.5, "max_ms": 3.0},
-            "inflight": inflight, "finished": finished, "finished_dropped": 0}
+            "inflight": inflight or [], "finished": finished or [], "finished_dropped": 0}
 
 
 # -- the model -------------------------------------------------------------------

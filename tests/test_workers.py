@@ -321,7 +321,7 @@ async def test_rows_a_worker_finishes_after_its_primary_is_killed_are_written_on
     (spilled,) = run_dir.glob("spill-*.jsonl")
     assert stat.S_IMODE(spilled.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     kept = spilled.read_bytes()
-    for attempt in range(2):  # the second start finds the same file again, as after a crash before its removal
+    for _attempt in range(2):  # the second start finds the same file again, as after a crash before its removal
         proc, state = await start_serve(sim.url, db)
         try:
             async with fresh_connections() as s:

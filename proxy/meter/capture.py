@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.common.schema import Outcome
 from proxy.meter.decode import StreamDecoder
 from proxy.meter.meter import Meter
 from proxy.meter.redact import redact
@@ -75,7 +76,7 @@ class CapturingMeter(Meter):
         super().on_message(payload, t_ns)
         self._response.add(payload + b"\n")
 
-    def finish(self, outcome: str | None, end_ns: int, error: tuple[str, str] | None = None) -> Any:
+    def finish(self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None) -> Any:
         request, request_cut = self._request_text()
         self.drain()
         if self._body:  # a non-streaming response, decoded (the meter keeps it to parse usage)
