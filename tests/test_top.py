@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 from proxy.common import instances as running
+from .state_files import state_of
 import pytest
 from click.testing import CliRunner
 
@@ -188,7 +189,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                  stderr=subprocess.DEVNULL, env=env)
         procs.append(serve)
         deadline = time.monotonic() + START_S
-        while (state := running.state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
+        while (state := state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert state is not None, "serve did not start"
         yield {"url": state.url, "home": env["LLMTAP_HOME"], "root": str(root), "token": state.admin_token or ""}

@@ -16,9 +16,6 @@ from proxy.meter.meter import Meter
 from proxy.meter.redact import redact
 from proxy.meter.sse import Event
 
-BodyRow = tuple[str, str | None, str | None, bool, bool]  # schema.BODY_COLUMNS
-
-
 class _Tap:
     """Keeps the first `limit` bytes given to it, and whether there were more."""
 
