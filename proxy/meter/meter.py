@@ -42,7 +42,7 @@ from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
 from proxy.meter import ratelimits
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
-from proxy.meter.gaps import GapHistogram, gaps_ms
+from proxy.common.stats import GapHistogram, gaps_ms
 from proxy.meter.redact import redact, request_secrets
 from proxy.meter.request_info import parse_request
 from proxy.common.schema import ERROR_MESSAGE_MAX, Outcome
