@@ -127,6 +127,7 @@ def opened(db_path: Path, sources: tuple[str, ...] = (), writes_to: str | None =
     remote = writes_to is not None and is_remote(writes_to)
     local_out = None if remote or writes_to is None else Path(writes_to).expanduser()
     db_path = default_or_demo(db_path) if not sources else db_path
+    source: Source
     try:
         if sources:
             source = open_sources(sources, writes_to=local_out, lock=not remote)
@@ -160,7 +161,7 @@ def _read_query(query: str | None, file: Path | None) -> str:
             raise click.UsageError("give QUERY or --file, not both")
         return file.read_text()
     if query is None or query == "-":
-        stdin = click.get_text_stream("stdin")
+        stdin = click.get_text_stream("stdin")  # type: ignore[operator]  # click 8.2+: a deprecated module attribute
         if stdin.isatty():
             raise click.UsageError("give a QUERY, --file F, or a query on stdin")
         return stdin.read()

@@ -70,7 +70,7 @@ def gather(path: Path) -> DbStatus:
         catalog = '"' + name.replace('"', '""') + '".main.'
         free = _one(source, "SELECT free_blocks * block_size FROM pragma_database_size() "
                             f"WHERE database_name = {_literal(name)}")[0]
-        blocks = dict(source.query(" UNION ALL ".join(
+        blocks: dict[str, int] = dict(source.query(" UNION ALL ".join(
             f"SELECT '{t}', count(DISTINCT b) FROM (SELECT block_id AS b FROM pragma_storage_info({_literal(catalog + t)}) "
             f"UNION ALL SELECT unnest(additional_block_ids) FROM pragma_storage_info({_literal(catalog + t)})) WHERE b >= 0"
             for t in TABLES))[2])

@@ -240,7 +240,7 @@ def export_remote(source: Source, url: str, fmt: str, filters: Filters, overwrit
 
 def _remote_files(con: duckdb.DuckDBPyConnection, directory: str, ext: str) -> int:
     pattern = sql_string(f"{directory}/*/*.{ext}")
-    return con.execute(f"SELECT count(*) FROM glob({pattern})").fetchone()[0]
+    return con.execute(f"SELECT count(*) FROM glob({pattern})").fetchone()[0]  # type: ignore[index]
 
 
 def _count_remote(con: duckdb.DuckDBPyConnection, directory: str, fmt: str) -> list[tuple[str, int]]:

@@ -30,7 +30,7 @@ _STATED = ("ratelimit_requests_remaining IS NOT NULL OR ratelimit_tokens_remaini
 _TOKENS_LEFT = ("coalesce(ratelimit_tokens_remaining, least(ratelimit_input_tokens_remaining,"
                 " ratelimit_output_tokens_remaining))")
 _TOKENS_LIMIT = "coalesce(ratelimit_tokens_limit, ratelimit_input_tokens_limit + ratelimit_output_tokens_limit)"
-_TOKENS_SHARE = (f"coalesce(ratelimit_tokens_remaining / nullif(ratelimit_tokens_limit, 0), least("
+_TOKENS_SHARE = ("coalesce(ratelimit_tokens_remaining / nullif(ratelimit_tokens_limit, 0), least("
                  "ratelimit_input_tokens_remaining / nullif(ratelimit_input_tokens_limit, 0),"
                  " ratelimit_output_tokens_remaining / nullif(ratelimit_output_tokens_limit, 0)))")
 
@@ -205,7 +205,7 @@ def _explain(key: Any, host: Any, records: list[dict[str, Any]]) -> str | None:
             count += 1
             last_429 = r
             cause = dict(zero_since)
-    who = f"{key or 'no key'} at {host or '?'}: {count} × 429, the last at {_clock(last_429['started_at'])}"
+    who = f"{key or 'no key'} at {host or '?'}: {count} × 429, the last at {_clock(last_429['started_at'])}"  # type: ignore[index]
     resets = {name: reset for name, _, reset in (*BUCKETS, *WINDOWS)}
     if cause:
         name, since = min(cause.items(), key=lambda item: str(item[1]))
@@ -213,7 +213,7 @@ def _explain(key: Any, host: Any, records: list[dict[str, Any]]) -> str | None:
         fell = "reached 100%" if "window" in name else "fell to 0"
         text = f"{who}; remaining {name} {fell} at {_clock(since)}" if "window" not in name else \
             f"{who}; the {name} {fell} at {_clock(since)}"
-        text += f"; reset {_clock(reset, last_429['started_at'])}" if reset is not None else ""
+        text += f"; reset {_clock(reset, last_429['started_at'])}" if reset is not None else ""  # type: ignore[index]
     else:
         text = f"{who}; no limit was stated as spent before it"
     if last_429 is not None and last_429.get("retry_after_s") is not None:

@@ -179,7 +179,7 @@ def _parquet(con: duckdb.DuckDBPyConnection, item: Input) -> tuple[str, str | No
 
 
 def _matches(con: duckdb.DuckDBPyConnection, pattern: str) -> bool:
-    return con.execute(f"SELECT count(*) FROM glob({sql_string(pattern)})").fetchone()[0] > 0
+    return con.execute(f"SELECT count(*) FROM glob({sql_string(pattern)})").fetchone()[0] > 0  # type: ignore[index]
 
 
 def _read_parquet(con: duckdb.DuckDBPyConnection, pattern: str) -> str:

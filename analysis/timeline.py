@@ -215,7 +215,7 @@ def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> lis
         if reach is not None and start > reach and last is not None and last.kind == "model" \
                 and last.request_id not in asked:
             found.append(Span("you", "you", reach, start, last.request_id))
-        if reach is None or end >= reach:
+        if reach is None or end >= reach:  # type: ignore[operator]  # busy spans have an end
             reach, last = end, span
     return found
 

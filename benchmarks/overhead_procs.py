@@ -22,6 +22,7 @@ import aiohttp
 
 from tests import procfs
 from proxy.common import instances as running
+from tests.state_files import state_of
 
 LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
 TASKSET = shutil.which("taskset")
@@ -202,7 +203,7 @@ def start_serve(procs: Procs, name: str, cpu: int | None, upstream: str, *, meas
     proc = procs.start(name, argv, cpu, env=env, cwd=source)
 
     def ready() -> str | None:
-        if (state := running.state_of(proc.pid, home)) is not None:
+        if (state := state_of(proc.pid, home)) is not None:
             return state.url
         try:
             info = json.loads(legacy.read_text())

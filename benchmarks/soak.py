@@ -35,6 +35,7 @@ import duckdb
 
 from tests import procfs
 from proxy.common import instances as running
+from tests.state_files import state_of
 
 RSS_TOLERANCE_MB = 15.0  # over the measured window, beyond the warm-up
 DUCKDB_MEMORY = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"
@@ -94,7 +95,7 @@ def start_processes(work: Path) -> tuple[subprocess.Popen, subprocess.Popen, str
                              stderr=open(work / "serve.log", "wb"), env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if (state := running.state_of(serve.pid, work / "home")) is not None:
+        if (state := state_of(serve.pid, work / "home")) is not None:
             return mock, serve, state.url, serve.pid
         time.sleep(0.1)
     raise SystemExit("llmtap serve did not start in 30 s: " + (work / "serve.log").read_text())

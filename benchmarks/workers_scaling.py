@@ -41,6 +41,7 @@ from overhead_procs import (ADMIN_TOKEN, CANNED_HEADER, LLMTAP, BenchError, Proc
                             loadavg, nginx_binary, start_canned_upstream, start_upstream, tree)
 
 from proxy.common import instances as running  # noqa: E402
+from tests.state_files import state_of  # noqa: E402
 
 
 def start_serve(procs: Procs, workers: int, upstream: str) -> tuple[subprocess.Popen, running.AdminClient]:
@@ -51,7 +52,7 @@ def start_serve(procs: Procs, workers: int, upstream: str) -> tuple[subprocess.P
     argv = [*LLMTAP, "serve", "--port", "0", "--host", "127.0.0.1", "--upstream", upstream,
             "--db", str(home / "bench.duckdb"), "--quiet", "--workers", str(workers)]
     proc = procs.start(f"serve-{workers}", argv, None, env=env)
-    url = procs.wait_ready(f"serve-{workers}", proc, lambda: (s.url if (s := running.state_of(proc.pid, home)) else None))
+    url = procs.wait_ready(f"serve-{workers}", proc, lambda: (s.url if (s := state_of(proc.pid, home)) else None))
     return proc, running.AdminClient(url, ADMIN_TOKEN)
 
 

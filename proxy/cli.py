@@ -66,7 +66,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
-            exc.message = printable(exc.message, layout=True)
+            exc.message = printable(exc.message, layout=True)  # type: ignore[misc]  # Final in the stubs
             raise
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tests import procfs
 from proxy.common import instances as running
+from .state_files import state_of
 from .waiting import START_S
 
 Handler = Callable[["RawConn"], Awaitable[None]]
@@ -251,7 +252,7 @@ class Serve:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited {self.proc.returncode}: {self.output()}")
-            if (state := running.state_of(self.proc.pid)) is not None:
+            if (state := state_of(self.proc.pid)) is not None:
                 self.base, self.state = state.url, state
                 return self
             await asyncio.sleep(0.05)

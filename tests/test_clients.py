@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from proxy.meter.clients import tool_from_headers
-from proxy.meter.fingerprint import key_fingerprint, strip_secret_query
+from proxy.meter.fingerprint import key_fingerprint
 
 
 def sdk_user_agent(client) -> str:
@@ -81,15 +81,3 @@ def test_no_credential():
     assert key_fingerprint({}) is None
     assert key_fingerprint({"Authorization": ""}, {"alt": "sse"}) is None
     assert key_fingerprint({"x-api-key": "  "}, None) is None
-
-
-@pytest.mark.parametrize(("query", "expected"), [
-    ("alt=sse&key=AIzaSECRET", "alt=sse&key=REDACTED"),
-    ("key=AIza&alt=sse", "key=REDACTED&alt=sse"),
-    ("api_key=s1&access_token=s2&monkey=ok", "api_key=REDACTED&access_token=REDACTED&monkey=ok"),
-    ("KEY=x", "KEY=REDACTED"),
-    ("beta=true", "beta=true"),
-    ("", ""),
-])
-def test_strip_secret_query(query, expected):
-    assert strip_secret_query(query) == expected

@@ -21,7 +21,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from proxy.common import instances as running
+from .state_files import state_of
 from proxy.cli import main
 from proxy.record.store import Store, StoreError
 
@@ -55,7 +55,7 @@ def serve_refuses(db: Path) -> str:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return proc.stderr.read() if proc.stderr else ""
-        if running.state_of(proc.pid) is not None:
+        if state_of(proc.pid) is not None:
             proc.kill()
             proc.wait()
             raise AssertionError(f"serve started on {db}")

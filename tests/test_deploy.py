@@ -18,7 +18,7 @@ yaml = pytest.importorskip("yaml")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from proxy.record.recorder import on_rows
+from proxy.record.recorder import on_rows  # noqa: E402
 from proxy.observe.metrics import PrometheusMetrics  # noqa: E402
 from .serving import RunningProxy  # noqa: E402
 

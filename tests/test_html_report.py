@@ -15,11 +15,25 @@ import pytest
 
 from analysis.filters import Filters
 from analysis.html.queries import SCATTER_POINTS
-from analysis.html.report import duckdb_query, render_html
+from analysis.html.queries import Query
+from analysis.html.report import render_html
 from analysis.source import open_source
 from .analysis_fixture import build_fixture_db
 from .browser import Chromium, find_chromium
 from proxy.common.schema import create_tables_sql
+
+
+
+def duckdb_query(con: duckdb.DuckDBPyConnection) -> Query:
+    """A `query` callable over a DuckDB connection: (columns, type names, rows)."""
+
+    def run(sql: str) -> tuple[list[str], list[str], list[tuple]]:
+        cursor = con.execute(sql)
+        description = cursor.description or []
+        return [d[0] for d in description], [str(d[1]) for d in description], cursor.fetchall()
+
+    return run
+
 
 XSS_MODEL = "<script>alert(1)</script><img src=x onerror=alert(3)>"
 XSS_MESSAGE = "Rate limit <img src=x onerror=alert(2)> reached"

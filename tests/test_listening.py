@@ -52,7 +52,7 @@ async def test_host_is_repeatable_and_the_first_is_the_one_told(sim: Simulator, 
 def _with_hosts_file(hosts: Path, argv: list[str]) -> list[str]:
     """argv run where /etc/hosts is `hosts` (a private mount namespace), as on systems whose
     localhost is ::1 first."""
-    script = f'mount --bind "$0" /etc/hosts && exec "$@"'
+    script = 'mount --bind "$0" /etc/hosts && exec "$@"'
     return ["unshare", "--mount", "sh", "-c", script, str(hosts), *argv]
 
 

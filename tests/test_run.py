@@ -20,14 +20,14 @@ from proxy.tools.run import child_env, tool_arguments
 from .conftest import proxy_config, rows
 
 TEXT = expected_text(8)  # the `sim` fixture answers 8 tokens
-SDK_CALLS = f"""
+SDK_CALLS = """
 import sys, urllib.request, openai, anthropic
 o = openai.OpenAI(api_key="sk-test", max_retries=0)
-stream = o.chat.completions.create(model="gpt-x", messages=[{{"role": "user", "content": "hi"}}], stream=True,
-                                   stream_options={{"include_usage": True}})
+stream = o.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                   stream_options={"include_usage": True})
 print("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
 a = anthropic.Anthropic(api_key="sk-test", max_retries=0)
-with a.messages.stream(model="claude-x", max_tokens=50, messages=[{{"role": "user", "content": "hi"}}]) as s:
+with a.messages.stream(model="claude-x", max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as s:
     print(s.get_final_text())
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from proxy.common import paths, instances as running
 from .serving import RunningProxy
+from .state_files import state_of
 from proxy.simulator.app import Simulator
 
 from .conftest import proxy_config
@@ -21,7 +22,7 @@ def test_a_state_file_is_owner_only_and_names_its_proxy(tmp_path: Path) -> None:
     state = running.read_state(path)
     assert state is not None and (state.url, state.admin_token, state.pid) == ("http://[::1]:4321", "t0k", os.getpid())
     assert state.holds(tmp_path / "x.duckdb") and not state.holds(tmp_path / "y.duckdb")
-    assert running.state_of(os.getpid()) == state
+    assert state_of(os.getpid()) == state
     running.clear_state(path)
     assert not path.exists()
 

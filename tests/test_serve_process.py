@@ -12,8 +12,10 @@ from pathlib import Path
 
 import aiohttp
 import duckdb
+import pytest
 
 from proxy.common import paths, instances as running
+from .state_files import state_of
 from proxy.simulator.app import Simulator
 
 from .waiting import START_S, wait_until
@@ -27,7 +29,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
-        if (state := running.state_of(proc.pid)) is not None:
+        if (state := state_of(proc.pid)) is not None:
             return proc, running.AdminClient(state.url, state.admin_token)
         if proc.poll() is not None:
             raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")

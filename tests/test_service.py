@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.common import instances as running
+from .state_files import state_of
 from proxy.cli import main
 from proxy.simulator.app import Simulator
 from proxy.tools import service as svc
@@ -163,7 +164,7 @@ async def test_the_units_exec_start_serves(home: Path, tmp_path: Path, sim: Simu
             await asyncio.sleep(0.05)
         else:
             raise AssertionError(f"no health answer: {log.read_text()}")
-        assert live.pid == proc.pid and running.state_of(proc.pid) is not None
+        assert live.pid == proc.pid and state_of(proc.pid) is not None
         async with aiohttp.ClientSession() as session:
             async with session.post(live.url + "/v1/chat/completions",
                                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}) as r:
@@ -175,7 +176,7 @@ async def test_the_units_exec_start_serves(home: Path, tmp_path: Path, sim: Simu
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(proc.wait, 30)
     assert code == 0, log.read_text()
-    assert running.state_of(proc.pid) is None  # its state file went with it
+    assert state_of(proc.pid) is None  # its state file went with it
 
 
 def test_logs_without_journalctl(home: Path):

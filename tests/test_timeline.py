@@ -109,7 +109,7 @@ async def test_spans_are_the_rows_own_times(recorded: tuple[Path, dict[str, floa
     con.close()
     model = [sp for sp in s.spans if sp.kind == "model"]
     assert [(sp.request_id, sp.part) for sp in model] == [(r[0], part) for r in rows for part in ("wait", "generating")]
-    for (rid, t0, ttft, e2e), (wait, gen) in zip(rows, zip(model[::2], model[1::2])):
+    for (_rid, t0, ttft, e2e), (wait, gen) in zip(rows, zip(model[::2], model[1::2])):
         assert wait.start_s == pytest.approx(t0, abs=1e-5) and wait.seconds == pytest.approx(ttft / 1000, abs=1e-5)
         assert gen.end_s == pytest.approx(t0 + e2e / 1000, abs=1e-5)
     [tool] = [sp for sp in s.spans if sp.kind == "tool"]

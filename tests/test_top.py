@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 from proxy.common import instances as running
+from .state_files import state_of
 import pytest
 from click.testing import CliRunner
 
@@ -45,9 +46,10 @@ def inflight_row(i: int, session: str = "s1", elapsed: float = 2000.0) -> dict[s
             "output_events": 10, "tokens": 12, "tokens_per_s": 6.0}
 
 
-def tick(finished: list[dict[str, Any]] = [], inflight: list[dict[str, Any]] = [], now: float = NOW) -> dict[str, Any]:
+def tick(finished: list[dict[str, Any]] | None = None, inflight: list[dict[str, Any]] | None = None,
+         now: float = NOW) -> dict[str, Any]:
     return {"now": now, "dropped": 0, "requests_seen": 0, "loop_lag": {"p50_ms": 0.2, "p99_ms": 1.5, "max_ms": 3.0},
-            "inflight": inflight, "finished": finished, "finished_dropped": 0}
+            "inflight": inflight or [], "finished": finished or [], "finished_dropped": 0}
 
 
 # -- the model -------------------------------------------------------------------
@@ -187,7 +189,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                  stderr=subprocess.DEVNULL, env=env)
         procs.append(serve)
         deadline = time.monotonic() + START_S
-        while (state := running.state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
+        while (state := state_of(serve.pid, root / "home")) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert state is not None, "serve did not start"
         yield {"url": state.url, "home": env["LLMTAP_HOME"], "root": str(root), "token": state.admin_token or ""}

@@ -20,6 +20,7 @@ import aiohttp
 import duckdb
 
 from proxy.common import paths, instances as running
+from .state_files import state_of
 from proxy.simulator.app import Simulator
 from proxy.serve.workers import VIA_HEADER
 
@@ -34,7 +35,7 @@ async def start_serve(upstream: str, db: Path, *extra: str) -> tuple[subprocess.
          "--workers", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
-        if (state := running.state_of(proc.pid)) is not None:
+        if (state := state_of(proc.pid)) is not None:
             return proc, state
         if proc.poll() is not None:
             raise AssertionError(f"serve exited: {proc.stderr.read() if proc.stderr else ''}")
@@ -208,7 +209,7 @@ async def test_a_killed_worker_is_reported_and_replaced(sim: Simulator, tmp_path
         os.kill(first, signal.SIGKILL)
         replaced = None
         for _ in range(200):  # the primary starts another at once (it was not young), 20 s at most
-            now = running.state_of(proc.pid)
+            now = state_of(proc.pid)
             if now is not None and now.workers and now.workers[0] != first:
                 replaced = now.workers[0]
                 break
@@ -321,7 +322,7 @@ async def test_rows_a_worker_finishes_after_its_primary_is_killed_are_written_on
     (spilled,) = run_dir.glob("spill-*.jsonl")
     assert stat.S_IMODE(spilled.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     kept = spilled.read_bytes()
-    for attempt in range(2):  # the second start finds the same file again, as after a crash before its removal
+    for _attempt in range(2):  # the second start finds the same file again, as after a crash before its removal
         proc, state = await start_serve(sim.url, db)
         try:
             async with fresh_connections() as s:

@@ -99,7 +99,7 @@ def bench(experiments: tuple[str, ...], inputs: tuple[int, ...] | None, outputs:
     runs = runs or 5
     options["base_url"] = base_urls[0] if base_urls else None
     chosen = EXPERIMENTS if not experiments or "all" in experiments else tuple(experiments)
-    points = {name: value for name, value in (("inputs", inputs), ("outputs", outputs),
+    points: dict[str, Any] = {name: value for name, value in (("inputs", inputs), ("outputs", outputs),
                                               ("concurrency", concurrency)) if value}
     plan = PlanOptions(runs=runs, experiments=chosen, **points)
     request = BenchRequest(plan=plan, api_key=api_key, api_key_env=api_key_env, **options)

@@ -52,9 +52,6 @@ class Calibration:
     def words_for(self, tokens: int) -> int:
         return max(1, round((tokens - self.overhead) / self.per_word))
 
-    def predict(self, words: int) -> float:
-        return self.overhead + self.per_word * words
-
 
 GUESS = Calibration(overhead=20.0, per_word=1.3, measured=False)
 

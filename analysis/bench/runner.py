@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import aiohttp
 
@@ -175,10 +176,10 @@ class Runner:
         await self._bounded([asyncio.ensure_future(worker()) for _ in range(point.concurrency)])
         return results
 
-    async def _bounded(self, tasks: list[asyncio.Future[None]]) -> None:
+    async def _bounded(self, tasks: Sequence[asyncio.Future[Any]]) -> None:
         """Wait for the tasks; cancel them at the deadline or on stop."""
-        everything = asyncio.gather(*tasks)
-        stopped = asyncio.ensure_future(self.budget.stop.wait())
+        everything: asyncio.Future[Any] = asyncio.gather(*tasks)
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self.budget.stop.wait())
         try:
             done, _ = await asyncio.wait({everything, stopped}, timeout=self.budget.remaining(),
                                          return_when=asyncio.FIRST_COMPLETED)

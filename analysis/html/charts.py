@@ -100,7 +100,7 @@ def error_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
     for row in rows:
         totals[error_category(row)] = totals.get(error_category(row), 0) + row["n"]
     categories = sorted(totals, key=lambda c: (-totals[c], c))[:12]
-    series = []
+    series: list[dict[str, Any]] = []
     for model, model_rows in group_rows(rows).items():
         counts = {error_category(row): row["n"] for row in model_rows}
         ys = [counts.get(c, 0) for c in categories]
@@ -118,7 +118,7 @@ def cost_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
     """Stacked bars: the list price of each UTC day's requests, one stack per model."""
     rows = data.get("cost_by_day", [])
     days = sorted({row["day"] for row in rows})
-    series = []
+    series: list[dict[str, Any]] = []
     for model, model_rows in group_rows(rows).items():
         usd = {row["day"]: round(row["usd"], 6) for row in model_rows}
         series.append({"label": model, "color": colors.get(model, OTHER_COLOR),

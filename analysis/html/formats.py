@@ -43,7 +43,7 @@ def html_span(seconds: float) -> str:
     """A duration as its two largest units: 3 d 4 h, 5 h 12 min, 42 s."""
     seconds = int(round(seconds))
     units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
-    parts = []
+    parts: list[str] = []
     for name, size in units:
         if seconds >= size or (name == "s" and not parts):
             parts.append(f"{seconds // size} {name}")

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import duckdb
 
 from analysis.breakdown import build_breakdown, html_panel
 from analysis.html.charts import build_charts
 from analysis.html.page import empty_page, report_page
-from analysis.html.queries import Query, fetch_report_data
+from analysis.html.queries import fetch_report_data
 from analysis.session_report import html_panel as session_panel
 from analysis.timeline import sessions
 
@@ -46,14 +45,3 @@ def render_html(
         return empty_page(title, where, data["totals"])
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
     return report_page(title, where, data, build_charts(data), panels=panel + session_panel(sessions(query, where)))
-
-
-def duckdb_query(con: duckdb.DuckDBPyConnection) -> Query:
-    """A `query` callable over a DuckDB connection: (columns, type names, rows)."""
-
-    def run(sql: str) -> tuple[list[str], list[str], list[tuple]]:
-        cursor = con.execute(sql)
-        description = cursor.description or []
-        return [d[0] for d in description], [str(d[1]) for d in description], cursor.fetchall()
-
-    return run

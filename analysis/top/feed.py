@@ -8,7 +8,7 @@ endpoint for the rows of the window, so the percentiles do not start empty.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -39,7 +39,7 @@ def find_proxy(url: str | None, token: str | None = None) -> Proxy:
     return client
 
 
-async def ticks(session: aiohttp.ClientSession, proxy: Proxy) -> AsyncIterator[dict[str, Any]]:
+async def ticks(session: aiohttp.ClientSession, proxy: Proxy) -> AsyncGenerator[dict[str, Any], None]:
     """The feed's ticks until the proxy closes it (FeedError if it refuses)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=SILENCE_S)
     async with session.get(proxy.endpoint("live"), headers=proxy.headers(), timeout=timeout) as resp:

@@ -137,7 +137,7 @@ class TopModel:
         self.recent: deque[Row] = deque(maxlen=recent)  # newest last
         self.window: deque[Row] = deque()  # finished rows, by arrival
         self.sessions: dict[str, Session] = {}
-        self.ids: set[str] = set()  # of the rows in the window, to skip backfilled duplicates
+        self.ids: set[Any] = set()  # of the rows in the window, to skip backfilled duplicates
         self.finished_total = 0
         self.loop_lag: dict[str, Any] = {}
         self.dropped = 0
@@ -247,12 +247,12 @@ class TopModel:
         """One line per session, the most recently active first (in flight counts as active)."""
         live = Counter(r.get("session_id") for r in self.inflight if r.get("session_id"))
         order = [*live, *reversed(self.sessions)]
-        seen: set[str] = set()
+        seen: set[Any] = set()
         out = []
         for sid in order:
             if sid not in seen:
                 seen.add(sid)
-                out.append(self._session_line(sid, live[sid]))
+                out.append(self._session_line(sid, live[sid]))  # type: ignore[arg-type]  # sessions have ids
         return out
 
     def _session_line(self, session_id: str, live: int) -> SessionStats:

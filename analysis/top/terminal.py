@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
 from proxy.common.terminal_text import printable
 
@@ -51,7 +51,7 @@ def no_color() -> bool:
 class Terminal:
     def __init__(self, on_key: Callable[[bytes], None], out: TextIO = sys.stdout, stdin: TextIO = sys.stdin) -> None:
         self.on_key, self.out, self.stdin = on_key, out, stdin
-        self._saved: list | None = None  # termios attributes to restore
+        self._saved: Any = None  # termios attributes to restore
         self._fd: int | None = None
         self.screen = out.isatty()  # else plain frames, no escapes
         self.styled = not no_color()

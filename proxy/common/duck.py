@@ -111,12 +111,12 @@ def lock_down(con: duckdb.DuckDBPyConnection, *, directories: Iterable[str | Pat
     DuckDB's own controls, not a deny-list of statements: `enable_external_access` cannot be
     turned back on, and `lock_configuration` refuses every later SET. Settings a connection
     needs (TimeZone, memory_limit) must be set before this call."""
-    directories = [str(Path(d).expanduser().resolve()) for d in directories]
-    paths = [str(Path(p).expanduser().resolve()) for p in paths]
-    if directories:
-        con.execute(f"SET allowed_directories = {_sql_list(directories)}")
-    if paths:
-        con.execute(f"SET allowed_paths = {_sql_list(paths)}")
+    dirs = [str(Path(d).expanduser().resolve()) for d in directories]
+    files = [str(Path(p).expanduser().resolve()) for p in paths]
+    if dirs:
+        con.execute(f"SET allowed_directories = {_sql_list(dirs)}")
+    if files:
+        con.execute(f"SET allowed_paths = {_sql_list(files)}")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET allow_community_extensions = false")
     con.execute("SET enable_external_access = false")

@@ -178,16 +178,6 @@ def states() -> list[State]:
     return [s for s in found if s.pid is None or _alive(s.pid)]
 
 
-def state_of(pid: int, data_dir: Path | None = None) -> State | None:
-    """The state file of the `llmtap serve` with this pid (in `data_dir`, default this account's)."""
-    directory = data_dir / "run" if data_dir is not None else paths.state_dir()
-    try:
-        files = list(directory.glob("*.json"))
-    except OSError:
-        return None
-    return next((s for s in map(read_state, files) if s is not None and s.pid == pid), None)
-
-
 def stale_states() -> list[State]:
     """State files left by a proxy that is gone (crashed or killed)."""
     directory = paths.state_dir()

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.common.schema import Outcome
 from proxy.meter.decode import StreamDecoder
 from proxy.meter.meter import Meter
 from proxy.meter.redact import redact
-
-BodyRow = tuple[str, str | None, str | None, bool, bool]  # schema.BODY_COLUMNS
-
 
 class _Copy:
     """Keeps the first `limit` bytes given to it, and whether there were more; the meter's

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 
 from proxy.common.headers import header_getter
-
-SECRET_QUERY_PARAMS = ("key", "api_key", "access_token")
-_SECRET_PARAM = re.compile(
-    r"(?i)(^|[&;])(" + "|".join(SECRET_QUERY_PARAMS) + r")=[^&;]*"
-)
-
 
 def key_fingerprint(
     headers: Mapping[str, str], query: Mapping[str, str] | None = None
@@ -74,8 +67,3 @@ def _credential(headers: Mapping[str, str], query: Mapping[str, str] | None) -> 
         if value:
             return value
     return (query or {}).get("key") or None
-
-
-def strip_secret_query(query_string: str) -> str:
-    """The query string with the values of `key`, `api_key`, `access_token` replaced."""
-    return _SECRET_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}=REDACTED", query_string)

@@ -46,7 +46,7 @@ from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
 from proxy.meter import ratelimits
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
-from proxy.meter.gaps import GapHistogram, gaps_ms
+from proxy.common.stats import GapHistogram, gaps_ms
 from proxy.meter.redact import redact, request_secrets
 from proxy.meter.request_info import parse_request
 from proxy.common.schema import ERROR_MESSAGE_MAX, Outcome
@@ -322,8 +322,8 @@ class Meter:
                         if rest is not None and block.startswith(head) and (r := rest(block, at_text)) is not None:
                             text, kind, visible, at, model = r[1], head_kind, head_visible, head_data, head_model
                         elif (m := match(block)) is not None:
-                            kind, text = m.group("kind", "text")
-                            kind, visible = table[kind]
+                            kind, text = m.group("kind", "text")  # type: ignore[assignment]  # bytes, then the table's str
+                            kind, visible = table[kind]  # type: ignore[index]
                             at = m.start(1)
                             model = m["model"].decode() if sets_model and m["model"] else None
                             if rest is not None:
@@ -536,7 +536,7 @@ class Meter:
         e2e = (done - r) / 1e6
         events, parse_error = len(times) + self._over, self.broken or d.parse_error
         if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
-            last = (self._last_event[0] - r) / 1e6
+            last: float | None = (self._last_event[0] - r) / 1e6
             gap_p50, gap_p99, gap_max = self._gaps.quantiles_ms()
             capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
                       " gap p50/p99 from a histogram (within 3%)")
@@ -579,7 +579,7 @@ class Meter:
             "finish_reason": d.finish_reason,
             "response_bytes": self.response_bytes,
             "error_type": error[0] if error else None,
-            "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,
+            "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,  # type: ignore[index]
             "outcome": str(outcome or self._outcome()),
             "parse_error": self._clean(parse_error),
             "empty_choices_chunks": d.empty_choices_chunks,
@@ -591,7 +591,7 @@ class Meter:
             "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
             "last_token_ms": last,
             "e2e_ms": e2e,
-            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,
+            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,  # type: ignore[operator]
             "gap_p50_ms": gap_p50,
             "gap_p99_ms": gap_p99,
             "gap_max_ms": gap_max,

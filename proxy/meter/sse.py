@@ -114,7 +114,7 @@ class SSEParser:
         return events
 
     def _strip_bom(self, chunk: bytes) -> bytes:
-        head = self._head + chunk
+        head = self._head + chunk  # type: ignore[operator]  # called while _head is bytes
         if len(head) < 3 and _BOM.startswith(head):
             self._head = head
             return b""

@@ -154,7 +154,7 @@ class LabeledHistogram:
 class LabeledCounter:
     """A counter per label set, as lock-free as LabeledHistogram."""
 
-    FRESH = (0.0,)  # a new label set's series
+    FRESH: tuple[float, ...] = (0.0,)  # a new label set's series
     SHOWN = 0  # the series item that, when non-zero, shows it
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:

@@ -302,7 +302,7 @@ def _otlp_exporters(settings: OtelSettings, health: ExportHealth) -> tuple[Any, 
             return result
 
     class Metrics(OTLPMetricExporter):  # type: ignore[misc,valid-type]
-        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        def export(self, metrics_data: Any, timeout_millis: float | None = 10_000, **kwargs: Any) -> Any:
             _exporting.health = health
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)

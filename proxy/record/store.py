@@ -47,7 +47,7 @@ PRUNE_INTERVAL_S = 3600.0
 
 # Errors raised by the rows themselves (a value that does not fit its column): the batch
 # is split to find and drop them. Any other error (I/O, a missing table) is retried.
-_DATA_ERRORS: tuple[type[BaseException], ...] = (
+_DATA_ERRORS: tuple[type[Exception], ...] = (
     duckdb.DataError,  # Conversion, OutOfRange, TypeMismatch
     duckdb.IntegrityError,
     duckdb.InvalidInputException,

@@ -6,7 +6,7 @@ import asyncio
 import re
 import urllib.parse
 from time import perf_counter_ns
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -26,7 +26,7 @@ from proxy.common.schema import Outcome
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RECEIVED = web.RequestKey("llmtap_received", int)  # the request's first byte, perf_counter_ns
 # Generous header limits: Codex sends a JSON document in a header.
-HTTP_LIMITS = {"max_line_size": 65536, "max_field_size": 65536}
+HTTP_LIMITS: dict[str, Any] = {"max_line_size": 65536, "max_field_size": 65536}
 
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
@@ -189,7 +189,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
     # measuring, the connector stamps each request's connection moments (proxy/relay/conn_timing.py)
-    pool = dict(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30, ssl=client_ssl_context(cfg.ca_bundle))
+    pool: dict[str, Any] = dict(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30, ssl=client_ssl_context(cfg.ca_bundle))
     connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
                  else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)

@@ -137,10 +137,10 @@ class BodyPipe:
     def _watch_idle(self) -> None:
         """The upstream's idle timeout (`serve --idle-timeout`), checked once per period instead of
         aiohttp's timer re-armed on every read (a timer cancelled and made per chunk)."""
-        idle_s = self._upstream.read_timeout
+        idle_s = self._upstream.read_timeout  # type: ignore[attr-defined]  # a ResponseHandler
         if not idle_s:
             return
-        self._upstream.read_timeout = None  # this response only: aiohttp sets it again for the next
+        self._upstream.read_timeout = None  # type: ignore[attr-defined]  # this response only: aiohttp sets it again for the next
         self._idle_s, self._last = idle_s, perf_counter_ns()
         self._timer = asyncio.get_running_loop().call_later(idle_s, self._check_idle)
 

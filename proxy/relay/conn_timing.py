@@ -219,5 +219,5 @@ def _time_tcp_connects(connector: aiohttp.BaseConnector) -> bool:
             _OPENING.set(None)
         return factory()
 
-    connector._factory = timed_factory  # type: ignore[attr-defined]
+    connector._factory = timed_factory  # type: ignore[assignment]
     return True

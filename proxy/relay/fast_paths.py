@@ -129,7 +129,7 @@ def version_refusal(version: str) -> str | None:
     return None
 
 
-def body_pipe_shape(reader: type = aiohttp.StreamReader, client: type | None = None, server: type | None = None,
+def body_pipe_shape(reader: type[Any] = aiohttp.StreamReader, client: type | None = None, server: type | None = None,
                     writer: type | None = None) -> str | None:
     """body_pipe.py: the reader's class switched to `_PipedReader` (its parser's `feed_data` and HTTP
     chunk marks), its `_buffer` and `_protocol` (the upstream connection: `read_timeout`,

@@ -88,7 +88,7 @@ async def _relay(
         resp = error_response(path, 413, f"request body is larger than llmtap's limit of {mb:g} MiB "
                               "(raise it with `llmtap serve --max-body-mb`)", "request_too_large")
         raise Finish.answered_locally(Outcome.HTTP_ERROR, ("request_too_large", f"request body over {mb:g} MiB"),
-                                      resp, meter, 413)
+                                      resp, meter, 413) from None
     if meter is not None:
         meter.on_request_read(body)
     url = route.target(path, query)
@@ -139,12 +139,12 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
         await out.write_eof()  # the last chunk at once, then a wait while the client drains
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         _abort(request)
-        raise Finish.after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out)
+        raise Finish.after_headers(Outcome.UPSTREAM_TIMEOUT, "the upstream went silent past the idle timeout", out) from None
     except ConnectionResetError:  # ClientGone included: the client left, not the upstream
-        raise Finish.after_headers(Outcome.CLIENT_DISCONNECTED, "the client closed the connection mid-response", out)
+        raise Finish.after_headers(Outcome.CLIENT_DISCONNECTED, "the client closed the connection mid-response", out) from None
     except aiohttp.ClientError as exc:
         _abort(request)
-        raise Finish.after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {cause(exc, 'closed')}", out)
+        raise Finish.after_headers(Outcome.STREAM_TRUNCATED, f"the upstream broke off the body: {cause(exc, 'closed')}", out) from None
     return out
 
 

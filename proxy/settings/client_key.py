@@ -63,7 +63,8 @@ def client_key(path: Path | None = None) -> str:
 
 def presented(headers: Mapping[str, str], query: Mapping[str, str]) -> list[str]:
     """Every credential the client sent, where the APIs take one."""
-    found = []
+    found: list[str] = []
+    value: str | None
     auth = headers.get("Authorization")
     if auth:
         scheme, _, value = auth.partition(" ")

@@ -57,7 +57,7 @@ def declared_tools(body: dict[str, Any]) -> set[str] | None:
     for tool in tools:
         if not isinstance(tool, dict):
             continue
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        function = tool["function"] if isinstance(tool.get("function"), dict) else {}
         for name in (tool.get("name"), function.get("name"), tool.get("type")):
             if isinstance(name, str):
                 names.add(name)

@@ -135,7 +135,7 @@ def run_command(command: list[str], env: dict[str, str]) -> int:
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    previous = {}
+    previous: dict[Any, Any] = {}
     for sig, handler in ((signal.SIGINT, lambda s, f: None), (signal.SIGTERM, forward), (signal.SIGHUP, forward)):
         try:
             previous[sig] = signal.signal(sig, handler)

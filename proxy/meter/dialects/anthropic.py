@@ -127,7 +127,7 @@ class Anthropic(Dialect):
 
 
 def _delta(delta: dict[str, Any]) -> Delta | None:
-    spec = _DELTAS.get(delta.get("type"))
+    spec = _DELTAS.get(delta.get("type"))  # type: ignore[arg-type]  # None finds nothing
     if spec is None:
         return None
     key, kind, visible = spec

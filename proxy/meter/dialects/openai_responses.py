@@ -59,7 +59,7 @@ class OpenAIResponses(Dialect):
         try:
             obj = loads(data)
             kind = obj.get("type") or event
-            output = _OUTPUT.get(kind)
+            output = _OUTPUT.get(kind)  # type: ignore[arg-type]  # None finds nothing
             if output is not None:
                 delta = as_str(obj.get("delta"))
                 return (output[0], output[1], len(delta)) if delta else None  # type: ignore[return-value]
