@@ -18,7 +18,7 @@ from tests.serving import RunningProxy
 from proxy.settings import config as cfg
 from proxy.simulator.app import Simulator
 
-from .conftest import proxy_config, rows
+from .conftest import rows
 from .test_run import clean_env, llmtap
 
 CONFIG = """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.common.schema import Outcome
 from proxy.meter.decode import StreamDecoder
 from proxy.meter.meter import Meter
 from proxy.meter.redact import redact
