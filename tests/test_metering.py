@@ -43,23 +43,28 @@ async def test_timing_and_tokens(sim: Simulator, proxy: RunningProxy, path: str)
     client_end = await timed_stream(proxy.url + path, BODIES[path], headers)
     row = rows(proxy)[0]
     assert row["dialect"] == DIALECTS[path] and row["outcome"] == "ok", row
-    assert 150 <= row["ttft_ms"] < 200, row["ttft_ms"]  # loose upper bound: CI machines are busy
-    # 12 output tokens (2 reasoning + 10 text), 20 ms apart
+    # Timing, by what must hold however busy the machine (the figures against the wire, to the
+    # millisecond: benchmarks/wire_truth.py): the upstream waited 150 ms before its first token, the
+    # proxy saw every piece before the client, and the row's figures are those of its chunks.
+    chunks = rows(proxy, f"SELECT * FROM chunks WHERE request_id = '{row['id']}' ORDER BY seq")
+    offsets = [c["offset_ms"] for c in chunks]
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    assert 150 <= row["ttft_ms"] == pytest.approx(offsets[0])
+    assert row["proxy_overhead_ms"] <= row["ttft_ms"] - 150 + 1  # llmtap's own part of the wait
+    assert row["upstream_headers_ms"] < row["ttft_ms"] <= row["last_token_ms"] <= row["e2e_ms"] <= client_end
+    # 12 output tokens (2 reasoning + 10 text)
     assert row["output_tokens"] == 12 and row["tokens_source"] == "usage"
     assert row["reasoning_tokens"] == (None if path == "/v1/messages" else 2)  # Anthropic does not report it
-    assert abs(row["tpot_ms"] - 20) < 3
-    assert abs(row["gap_p50_ms"] - 20) < 3 and row["gap_max_ms"] < 40
-    assert row["output_events"] == 12
-    # the first text is the third event, after 2 reasoning tokens (their pacing: the gap checks above)
-    chunks = rows(proxy, f"SELECT * FROM chunks WHERE request_id = '{row['id']}' ORDER BY seq")
+    assert row["output_events"] == len(chunks) == 12
+    assert row["tpot_ms"] == pytest.approx((offsets[-1] - offsets[0]) / 11) and row["tpot_ms"] > 0
+    assert row["gap_max_ms"] == pytest.approx(max(gaps), abs=0.01) and min(gaps) >= 0
+    assert row["gap_p50_ms"] == pytest.approx(sorted(gaps)[5], abs=0.01)  # the median of 11
+    # the first text is the third event, after 2 reasoning tokens
     assert row["first_text_ms"] == pytest.approx(chunks[2]["offset_ms"]) and row["first_text_ms"] > row["ttft_ms"]
     assert row["cache_read_tokens"] == 40
     assert row["input_tokens"] >= 100  # includes cached input, by the GenAI conventions
-    assert row["upstream_headers_ms"] < row["ttft_ms"] and row["proxy_overhead_ms"] < 20
-    assert abs(row["e2e_ms"] - client_end) < 20
     assert row["output_tokens_per_s"] == pytest.approx(12 * 1000 / row["e2e_ms"])
     assert [c["event_type"] for c in chunks] == ["reasoning"] * 2 + ["text"] * 10
-    assert chunks[0]["offset_ms"] == pytest.approx(row["ttft_ms"])
 
 
 async def test_request_columns(sim: Simulator, proxy: RunningProxy) -> None:
