@@ -11,7 +11,7 @@ import click
 from proxy.common.schema import KINDS
 from proxy.common.terminal_text import echo
 
-from analysis.cli import db_option, filter_options, from_option, opened, output_options
+from analysis.cli import db_option, filter_options_for, from_option, opened, output_options
 from analysis.filters import Filters, sql_string, sql_timestamp
 from analysis.timewindow import WindowError, parse_time, utc_now
 
@@ -82,7 +82,7 @@ def _too_few_sides(by: str, found: list[str], few: list[tuple[str, int]]) -> str
 @click.option("--baseline", metavar="VALUE", help="With --by and no VALUEs: compare against this one.")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="Only requests of this kind (repeatable; default: generation).")
-@filter_options
+@filter_options_for(where=False)
 @db_option
 @from_option
 @output_options("table", "json")
