@@ -96,7 +96,7 @@ def filter_options_for(*, where: bool = True, daily: bool = True) -> Callable[[F
             click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
             click.option("--tool", "tools", multiple=True, help="Only this tool, e.g. claude-code (repeatable)."),
             click.option("--exclude", "excluded", multiple=True, metavar="FIELD=VALUE", help=(
-                "Leave out the requests whose FIELD (tag, model or tool) is VALUE (repeatable),"
+                "Leave out the requests whose FIELD (tag, model, tool or project) is VALUE (repeatable),"
                 " e.g. --exclude tool=codex.")),
         ]
         if where:

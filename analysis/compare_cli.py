@@ -24,6 +24,7 @@ BY: dict[str, str] = {
     "key": "key_fingerprint",
     "tool": "tool",
     "dialect": "dialect",
+    "project": "project",
 }
 MAX_SIDES = 6  # sides found by --by without values: the busiest ones
 MIN_REQUESTS = 10  # ... with at least this many successful requests (analysis.compare.MIN_REQUESTS: a test holds them equal)
@@ -91,7 +92,7 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
             sources: tuple[str, ...], fmt: str) -> None:
     """Compare TTFT, TPOT and E2E of two or more groups, with confidence.
 
-    Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect),
+    Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect, project),
     --where SQL twice or more, or --window SINCE..UNTIL twice or more; the
     other filters apply to every side. Per side: n, p50, p95. Against the
     first: the difference of medians at an input length both sides share

@@ -16,7 +16,7 @@ from datetime import datetime
 # `llmtap bench` tags every row it sends `bench-<UTC time>-<experiment>` (analysis/bench/runner.py)
 BENCH_TAG_PREFIX = "bench-"
 # --exclude FIELD=VALUE: the include filters' fields and their columns
-EXCLUDABLE: dict[str, str] = {"tag": "tag", "model": "request_model", "tool": "tool"}
+EXCLUDABLE: dict[str, str] = {"tag": "tag", "model": "request_model", "tool": "tool", "project": "project"}
 
 
 class ConditionError(ValueError):

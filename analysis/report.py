@@ -49,6 +49,7 @@ GROUPINGS: dict[str, str] = {
     "day": "strftime(day, '%Y-%m-%d')",
     "session": "session_id",
     "kind": "kind",
+    "project": "project",
 }
 CHRONOLOGICAL = ("hour", "day")
 NULL_LABEL = "(none)"
