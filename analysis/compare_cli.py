@@ -12,7 +12,7 @@ from proxy.common.schema import KINDS
 from proxy.common.terminal_text import echo
 
 from analysis.cli import db_option, filter_options_for, from_option, opened, output_options
-from analysis.filters import Filters, sql_string, sql_timestamp
+from analysis.filters import BENCH_TAG_PREFIX, ConditionError, Filters, check_condition, sql_string, sql_timestamp
 from analysis.timewindow import WindowError, parse_time, utc_now
 
 # --by NAME -> the column that names a side
@@ -99,7 +99,8 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
     (each side's metric fitted on its input tokens), a 95% bootstrap
     interval, a verdict, and when it cannot tell, how many more requests
     would; when they cannot be compared, why. Successful generations only
-    (--kind for others).
+    (--kind for others); `llmtap bench`'s requests only with --include-bench,
+    --tag, or --by tag naming them.
     """
     modes = [bool(by), bool(conditions), bool(windows)]
     if sum(modes) != 1:
@@ -109,6 +110,8 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
     if baseline and (values or not by):
         raise click.UsageError("--baseline goes with --by and no VALUEs (else the first VALUE is the baseline)")
     filters = replace(filters, kinds=kinds or ("generation",))
+    if by == "tag" and any(v.startswith(BENCH_TAG_PREFIX) for v in (*values, baseline or "")):
+        filters = replace(filters, bench=True)  # sides that name bench's tags
     from analysis.compare import CompareError, RENDERERS, Side, compare as run_compare
 
     with opened(db_path, sources) as source:
@@ -124,7 +127,10 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
                 names.sort(key=lambda name: name != baseline)
             sides = [Side(*_value_side(BY[by], name)) for name in names]
         elif conditions:
-            sides = [Side(condition, condition) for condition in conditions]
+            try:
+                sides = [Side(condition, check_condition(condition)) for condition in conditions]
+            except ConditionError as exc:
+                raise click.BadParameter(str(exc), param_hint="--where") from None
         else:
             sides = [Side(*_window_side(spec)) for spec in windows]
         if len(sides) < 2 and by and not values:

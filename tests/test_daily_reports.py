@@ -161,6 +161,10 @@ async def test_compare_by_tool_on_daily_traffic_says_why_in_words(recorded: Runn
             " claude-code (5), cline (3), codex (2)") in found.output  # bench's 4 cline rows left out
     named = await ok(recorded, "compare", "--by", "tool", "claude-code", "codex")
     assert "cannot compare: too few requests (claude-code has 5; codex has 2; 10 needed on each side)" in named
+    tagged = await cli(recorded, "compare", "--by", "tag", "bench-20261202T000000Z-input", "(none)")
+    assert "too few streamed requests (bench-20261202T000000Z-input has 4; 10 needed on each side)" in tagged.output
+    refused = await cli(recorded, "compare", "--where", "tool = 'codex'", "--where", "x IN (SELECT * FROM read_csv('/etc/passwd'))")
+    assert refused.exit_code == 2 and "read_csv() does not run through the proxy" in refused.output
 
 
 async def test_top_counts_bench_apart_unless_asked(recorded: RunningProxy) -> None:
