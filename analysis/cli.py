@@ -31,7 +31,7 @@ from proxy.common.terminal_text import echo
 
 from analysis import error_report, report as report_mod
 from analysis.export import FORMATS as EXPORT_FORMATS, ExportError, export as export_tables, summary
-from analysis.filters import Filters
+from analysis.filters import EXCLUDABLE, ConditionError, Filters, check_condition
 from analysis.formatting import FORMATS as SQL_FORMATS, render, short_ids
 from analysis.multi_source import open_sources
 from analysis.remote import is_remote
@@ -64,25 +64,56 @@ def output_options(*formats: str) -> Callable[[F], F]:
     return decorate
 
 
-def filter_options(f: F) -> F:
-    """--since/--until and the tag, model and tool filters, given to the command as `filters`."""
-    @functools.wraps(f)
-    def command(*args: Any, since: str | None, until: str | None, tags: tuple[str, ...],
-                models: tuple[str, ...], tools: tuple[str, ...], **kwargs: Any) -> Any:
-        return f(*args, filters=make_filters(since, until, tags, models, tools), **kwargs)
+def _exclusion(value: str) -> tuple[str, str]:
+    field, sep, excluded = value.partition("=")
+    if not sep or field.strip() not in EXCLUDABLE or not excluded:
+        raise click.BadParameter(f"expected FIELD=VALUE with FIELD one of {', '.join(EXCLUDABLE)}, not {value!r}",
+                                 param_hint="--exclude")
+    return field.strip(), excluded
 
-    options = [
-        click.option("--since", metavar="WHEN", help=(
-            "Only requests from WHEN: a span before now (30m, 24h, 7d), today or yesterday"
-            " (from 00:00 UTC), or an ISO date-time (UTC unless given).")),
-        click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
-        click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
-        click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
-        click.option("--tool", "tools", multiple=True, help="Only this tool, e.g. claude-code (repeatable)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command  # type: ignore[return-value]
+
+def filter_options_for(*, where: bool = True, daily: bool = True) -> Callable[[F], F]:
+    """--since/--until, the tag, model and tool filters, --exclude, --where (unless `where` is False:
+    compare's --where names sides) and, on a daily command, --include-bench; given to the command as
+    `filters`. `daily`: `llmtap bench`'s rows are left out unless --include-bench (or --tag)."""
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, since: str | None, until: str | None, tags: tuple[str, ...],
+                    models: tuple[str, ...], tools: tuple[str, ...], excluded: tuple[str, ...],
+                    **kwargs: Any) -> Any:
+            conditions = kwargs.pop("where_sql") if where else ()
+            bench = kwargs.pop("include_bench") if daily else True
+            filters = make_filters(since, until, tags, models, tools, excluded=excluded, conditions=conditions,
+                                   bench=bench)
+            return f(*args, filters=filters, **kwargs)
+
+        options = [
+            click.option("--since", metavar="WHEN", help=(
+                "Only requests from WHEN: a span before now (30m, 24h, 7d), today or yesterday"
+                " (from 00:00 UTC), or an ISO date-time (UTC unless given).")),
+            click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
+            click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
+            click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
+            click.option("--tool", "tools", multiple=True, help="Only this tool, e.g. claude-code (repeatable)."),
+            click.option("--exclude", "excluded", multiple=True, metavar="FIELD=VALUE", help=(
+                "Leave out the requests whose FIELD (tag, model, tool or project) is VALUE (repeatable),"
+                " e.g. --exclude tool=codex.")),
+        ]
+        if where:
+            options.append(click.option("--where", "where_sql", multiple=True, metavar="SQL", help=(
+                "Only requests matching this SQL condition on the `requests` view (repeatable, all must"
+                " hold), e.g. \"input_tokens > 10000\"; read-only and no file access, as `llmtap sql`.")))
+        if daily:
+            options.append(click.option("--include-bench", is_flag=True, help=(
+                "Count `llmtap bench`'s requests (tags bench-...) too: left out by default, unless --tag"
+                " names the tags.")))
+        for option in reversed(options):
+            command = option(command)
+        return command  # type: ignore[return-value]
+    return decorate
+
+
+filter_options = filter_options_for()
 
 
 def update_prices_option(f: F) -> F:
@@ -107,13 +138,19 @@ def _update_prices(update: bool) -> None:
 
 
 def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], models: tuple[str, ...],
-                 tools: tuple[str, ...]) -> Filters:
+                 tools: tuple[str, ...], *, excluded: tuple[str, ...] = (), conditions: tuple[str, ...] = (),
+                 bench: bool = True) -> Filters:
     now = utc_now()
+    try:
+        checked = tuple(check_condition(c) for c in conditions)
+    except ConditionError as exc:
+        raise click.BadParameter(str(exc), param_hint="--where") from None
     try:
         return Filters(
             since=parse_time(since, now) if since else None,
             until=parse_time(until, now) if until else None,
-            tags=tags, models=models, tools=tools,
+            tags=tags, models=models, tools=tools, exclude=tuple(_exclusion(e) for e in excluded),
+            conditions=checked, bench=bench,
         )
     except WindowError as exc:
         raise click.BadParameter(str(exc), param_hint="--since/--until") from None
@@ -209,6 +246,9 @@ def _with_file_hint(message: str) -> str:
 @click.command()
 @click.option("--by", type=click.Choice([*report_mod.GROUPINGS, "tool_name"]), default="model", show_default=True,
               help="Group requests by this; tool_name: the run time of each tool the model called, across sessions.")
+@click.option("--sort", type=click.Choice(list(report_mod.SORTS)), help=(
+    "Order the groups by this, largest first (name: in order): count, errors (err%), p50/p95 TTFT, E2E,"
+    " TPOT, cost. Default: count; by hour and day, name (in time)."))
 @click.option("--errors", "show_errors", is_flag=True,
               help="Show the errors report instead (like `llmtap errors`).")
 @click.option("--breakdown", "show_breakdown", is_flag=True,
@@ -227,7 +267,7 @@ def _with_file_hint(message: str) -> str:
 @from_option
 @output_options("table", "json", "csv")
 @update_prices_option
-def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
            filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
     """Latency, errors, tokens and cost by model, tool, route, ...
 
@@ -237,7 +277,9 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
     quantile_cont: linear interpolation, like numpy) are over successful
     requests, TTFT over streams only. Cost: the list price of the tokens
     on the request's date (genai-prices); a subscription's is a list-price
-    equivalent. Days and hours are UTC. csv: the groups only.
+    equivalent. Days and hours are UTC. A total row under the groups
+    (json: "total"; csv: the groups only). `llmtap bench`'s requests are
+    left out unless --include-bench or --tag.
     """
     _update_prices(update_prices)
     if kinds and all_kinds:
@@ -246,6 +288,9 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
     if show_errors and show_breakdown:
         raise click.UsageError("give --errors or --breakdown, not both")
+    if sort and (show_errors or show_limits or show_breakdown or by == "tool_name"):
+        raise click.UsageError("--sort orders the report's groups: it does not go with --errors, --limits,"
+                               " --breakdown or --by tool_name")
     if by == "tool_name" and (show_breakdown or html_path is not None):
         raise click.UsageError("--by tool_name shows each tool's run time: it does not go with --breakdown or --html")
     with opened(db_path, sources) as source:
@@ -269,7 +314,7 @@ def report(by: str, show_errors: bool, show_limits: bool, show_breakdown: bool, 
             built = breakdown.build_breakdown(source.query, by, report_mod.GROUPINGS[by], filters)
             text = breakdown.RENDERERS[fmt](built)
         else:
-            text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters))
+            text = report_mod.RENDERERS[fmt](report_mod.build_report(source, by, filters, sort))
         if html_path is not None:
             from proxy.common.private_file import write_private
 
@@ -457,7 +502,7 @@ def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, 
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="parquet", show_default=True,
               help="File format.")
 @click.option("--overwrite", is_flag=True, help="Replace what an earlier export wrote there.")
-@filter_options
+@filter_options_for(daily=False)
 @db_option
 @from_option
 def export(out_dir: str, fmt: str, overwrite: bool, filters: Filters, db_path: Path,

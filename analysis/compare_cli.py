@@ -11,8 +11,8 @@ import click
 from proxy.common.schema import KINDS
 from proxy.common.terminal_text import echo
 
-from analysis.cli import db_option, filter_options, from_option, opened, output_options
-from analysis.filters import Filters, sql_string, sql_timestamp
+from analysis.cli import db_option, filter_options_for, from_option, opened, output_options
+from analysis.filters import BENCH_TAG_PREFIX, ConditionError, Filters, check_condition, sql_string, sql_timestamp
 from analysis.timewindow import WindowError, parse_time, utc_now
 
 # --by NAME -> the column that names a side
@@ -24,6 +24,7 @@ BY: dict[str, str] = {
     "key": "key_fingerprint",
     "tool": "tool",
     "dialect": "dialect",
+    "project": "project",
 }
 MAX_SIDES = 6  # sides found by --by without values: the busiest ones
 MIN_REQUESTS = 10  # ... with at least this many successful requests (analysis.compare.MIN_REQUESTS: a test holds them equal)
@@ -82,7 +83,7 @@ def _too_few_sides(by: str, found: list[str], few: list[tuple[str, int]]) -> str
 @click.option("--baseline", metavar="VALUE", help="With --by and no VALUEs: compare against this one.")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="Only requests of this kind (repeatable; default: generation).")
-@filter_options
+@filter_options_for(where=False)
 @db_option
 @from_option
 @output_options("table", "json")
@@ -91,14 +92,15 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
             sources: tuple[str, ...], fmt: str) -> None:
     """Compare TTFT, TPOT and E2E of two or more groups, with confidence.
 
-    Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect),
+    Sides: --by route /a /b (or model, tag, key, upstream_host, tool, dialect, project),
     --where SQL twice or more, or --window SINCE..UNTIL twice or more; the
     other filters apply to every side. Per side: n, p50, p95. Against the
     first: the difference of medians at an input length both sides share
     (each side's metric fitted on its input tokens), a 95% bootstrap
     interval, a verdict, and when it cannot tell, how many more requests
     would; when they cannot be compared, why. Successful generations only
-    (--kind for others).
+    (--kind for others); `llmtap bench`'s requests only with --include-bench,
+    --tag, or --by tag naming them.
     """
     modes = [bool(by), bool(conditions), bool(windows)]
     if sum(modes) != 1:
@@ -108,6 +110,8 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
     if baseline and (values or not by):
         raise click.UsageError("--baseline goes with --by and no VALUEs (else the first VALUE is the baseline)")
     filters = replace(filters, kinds=kinds or ("generation",))
+    if by == "tag" and any(v.startswith(BENCH_TAG_PREFIX) for v in (*values, baseline or "")):
+        filters = replace(filters, bench=True)  # sides that name bench's tags
     from analysis.compare import CompareError, RENDERERS, Side, compare as run_compare
 
     with opened(db_path, sources) as source:
@@ -123,7 +127,10 @@ def compare(values: tuple[str, ...], by: str | None, conditions: tuple[str, ...]
                 names.sort(key=lambda name: name != baseline)
             sides = [Side(*_value_side(BY[by], name)) for name in names]
         elif conditions:
-            sides = [Side(condition, condition) for condition in conditions]
+            try:
+                sides = [Side(condition, check_condition(condition)) for condition in conditions]
+            except ConditionError as exc:
+                raise click.BadParameter(str(exc), param_hint="--where") from None
         else:
             sides = [Side(*_window_side(spec)) for spec in windows]
         if len(sides) < 2 and by and not values:

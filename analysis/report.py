@@ -49,9 +49,24 @@ GROUPINGS: dict[str, str] = {
     "day": "strftime(day, '%Y-%m-%d')",
     "session": "session_id",
     "kind": "kind",
+    "project": "project",
 }
 CHRONOLOGICAL = ("hour", "day")
 NULL_LABEL = "(none)"
+TOTAL_LABEL = "total"  # the table's last row: every group together (json: "total"; csv leaves it out)
+
+# --sort NAME -> the ORDER BY of the groups: metrics largest first, `name` in order (hour, day: in time)
+SORTS: dict[str, str] = {
+    "count": "requests DESC",
+    "errors": "error_pct DESC",
+    "ttft_p50": "ttft_p50_ms DESC NULLS LAST",
+    "ttft_p95": "ttft_p95_ms DESC NULLS LAST",
+    "e2e_p50": "e2e_p50_ms DESC NULLS LAST",
+    "e2e_p95": "e2e_p95_ms DESC NULLS LAST",
+    "tpot_p50": "tpot_p50_ms DESC NULLS LAST",
+    "cost": "cost_usd DESC NULLS LAST",
+    "name": "1 NULLS LAST",
+}
 
 # The two table blocks: (metric, group label, header, formatter)
 Block = tuple[tuple[str, str, str, Any], ...]
@@ -143,17 +158,39 @@ class Report:
     kinds: tuple[str, ...] = ()  # the kinds shown; () is every kind
     not_shown: dict[str, int] = field(default_factory=dict)  # requests of other kinds in the window, by kind
     price_source: str = ""  # the package and version the cost columns come from
+    total: dict[str, Any] | None = None  # the metrics over every group together
+    sort: str = "count"
 
 
-def group_stats(source: Source, by: str, filters: Filters) -> list[dict[str, Any]]:
+def order_by(by: str, sort: str | None) -> str:
+    """The groups' ORDER BY: `sort` (SORTS), ties by count then name; by default the busiest first,
+    hours and days in time."""
+    if sort is None:
+        sort = "name" if by in CHRONOLOGICAL else "count"
+    if sort not in SORTS:
+        raise ValueError(f"cannot sort by {sort!r}: choose one of {', '.join(SORTS)}")
+    return ", ".join(dict.fromkeys((SORTS[sort], "requests DESC", "1 NULLS LAST")))
+
+
+def _terms(by: str) -> str:
+    return ",\n  ".join((ROLLUP_SQL, *SESSION_TERMS)) if by == "session" else ROLLUP_SQL
+
+
+def group_stats(source: Source, by: str, filters: Filters, sort: str | None = None) -> list[dict[str, Any]]:
     """One dict per group: the group label under `by`, then `metrics_for(by)` (raw values)."""
-    order = "1" if by in CHRONOLOGICAL else "requests DESC, 1 NULLS LAST"
-    terms = ",\n  ".join((ROLLUP_SQL, *SESSION_TERMS)) if by == "session" else ROLLUP_SQL
     columns, _, rows = source.query(
-        f"SELECT {GROUPINGS[by]} AS {by},\n  {terms}\n"
-        f"FROM requests WHERE {filters.where()} GROUP BY 1 ORDER BY {order}"
+        f"SELECT {GROUPINGS[by]} AS {by},\n  {_terms(by)}\n"
+        f"FROM requests WHERE {filters.where()} GROUP BY 1 ORDER BY {order_by(by, sort)}"
     )
     return [dict(zip(columns, row)) for row in rows]
+
+
+def total_stats(source: Source, by: str, filters: Filters) -> dict[str, Any] | None:
+    """`metrics_for(by)` over every matching request together (its percentiles are of all of them,
+    not a mean of the groups'); None when none matches."""
+    columns, _, rows = source.query(f"SELECT {_terms(by)}\nFROM requests WHERE {filters.where()}")
+    total = dict(zip(columns, rows[0])) if rows else {}
+    return total if total.get("requests") else None
 
 
 def slowest(source: Source, filters: Filters, limit: int = SLOWEST) -> list[dict[str, Any]]:
@@ -187,12 +224,13 @@ def not_shown(source: Source, filters: Filters) -> dict[str, int]:
     return {kind: int(n) for kind, n in rows}
 
 
-def build_report(source: Source, by: str, filters: Filters) -> Report:
+def build_report(source: Source, by: str, filters: Filters, sort: str | None = None) -> Report:
     if by not in GROUPINGS:
         raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUPINGS)}")
     count, first, last = span(source, filters)
-    return Report(by, count, first, last, group_stats(source, by, filters), slowest(source, filters),
-                  filters.kinds, not_shown(source, filters), prices.sources())
+    return Report(by, count, first, last, group_stats(source, by, filters, sort), slowest(source, filters),
+                  filters.kinds, not_shown(source, filters), prices.sources(), total_stats(source, by, filters),
+                  sort or ("name" if by in CHRONOLOGICAL else "count"))
 
 
 # -- rendering -------------------------------------------------------------------
@@ -201,13 +239,23 @@ def _label(value: Any) -> str:
     return NULL_LABEL if value is None else str(value)
 
 
+def _shows_total(report: Report) -> bool:
+    """The table's total row: under two groups or more (one group's total is that group)."""
+    return report.total is not None and len(report.groups) > 1
+
+
+def _table_rows(report: Report) -> list[dict[str, Any]]:
+    return report.groups + ([report.total] if _shows_total(report) else [])
+
+
 def _block_cells(report: Report, block: Block) -> list[list[str]]:
-    return [[fmt(g[metric]) for metric, _, _, fmt in block] for g in report.groups]
+    return [[fmt(g[metric]) for metric, _, _, fmt in block] for g in _table_rows(report)]
 
 
 def _label_width(report: Report, blocks: list[tuple[Block, list[list[str]]]]) -> int:
     """The group column's width: its natural width, less what the widest block needs to fit."""
-    natural = max(len(report.by), *(len(_label(g[report.by])) for g in report.groups))
+    natural = max(len(report.by), len(TOTAL_LABEL) if _shows_total(report) else 0,
+                  *(len(_label(g[report.by])) for g in report.groups))
     room = min(
         WIDTH - sum(column_widths([h for _, _, h, _ in block], cells)) - 2 * len(block)
         for block, cells in blocks
@@ -220,7 +268,8 @@ def _block_tables(report: Report) -> list[str]:
     blocks = [(block, _block_cells(report, block)) for block in blocks_for(report.by)]
     width = _label_width(report, blocks)
     labels = [truncate(_label(g[report.by]), width) for g in report.groups]
-    return [
+    labels += [TOTAL_LABEL] if _shows_total(report) else []
+    tables = [
         layout(
             [report.by] + [header for _, _, header, _ in block],
             [[label] + row for label, row in zip(labels, cells)],
@@ -229,6 +278,14 @@ def _block_tables(report: Report) -> list[str]:
         )
         for block, cells in blocks
     ]
+    return [_rule_above_total(t) for t in tables] if _shows_total(report) else tables
+
+
+def _rule_above_total(table: str) -> str:
+    """The header's rule again, above the last (total) row."""
+    lines = table.splitlines()
+    rule = next(line for line in lines if line.startswith("-"))
+    return "\n".join(lines[:-1] + [rule, lines[-1]]) + "\n"
 
 
 def _slowest_table(report: Report) -> str:
@@ -292,13 +349,16 @@ def to_json(report: Report) -> str:
         "last": report.last,
         "kinds": list(report.kinds),
         "not_shown": report.not_shown,
+        "sort": report.sort,
         "groups": [_rounded_row(g) for g in report.groups],
+        "total": _rounded_row(report.total) if report.total is not None else None,
         "slowest": [_rounded_row(r) for r in report.slowest],
     })
 
 
 def to_csv(report: Report) -> str:
-    """The group rows only (the slowest requests are in the json and table output)."""
+    """The group rows only, no total row (a total is a formula away in a spreadsheet, and every row
+    stays a group; the slowest requests and the total are in the json and table output)."""
     columns = [report.by, *metrics_for(report.by)]
     rows = (_rounded_row(g) for g in report.groups)
     return csv_text(columns, (["" if row[c] is None else row[c] for c in columns] for row in rows))

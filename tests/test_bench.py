@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -31,6 +32,8 @@ from proxy.serve.server import write_state
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
+
+from proxy.simulator.app import DEFAULT_MODELS
 
 from .conftest import proxy_config, rows
 from .waiting import wait_until_sync
@@ -164,8 +167,6 @@ async def test_through_the_running_proxy_found_by_its_state_file(tmp_path: Path)
     async with sim_and_proxy(tmp_path) as (sim, proxy):
         write_state(proxy)
         plan = PlanOptions(runs=2, outputs=(5,), experiments=("output",))
-        with pytest.raises(ValueError, match="--model"):
-            await bench(BenchRequest(plan=plan), Budget())
         outcome = await bench(BenchRequest(model="m1", plan=plan), Budget())
         recorded = rows(proxy, "SELECT tag, request_model FROM requests WHERE request_model = 'm1'")
     assert not outcome.simulated and outcome.info.base_url == proxy.url + "/v1"
@@ -173,7 +174,7 @@ async def test_through_the_running_proxy_found_by_its_state_file(tmp_path: Path)
     tag = outcome.run.experiments[0].tag
     assert sum(1 for r in recorded if r["tag"] == tag) == 2
     assert outcome.recorded is not None and {t: n for t, _h, n in outcome.recorded}[tag] == 2  # via /_llmtap/sql
-    assert len(sim.requests) == 2 + 1 + 2  # the call without a model sent nothing
+    assert len(sim.requests) == 2 + 1 + 2
 
     # --base-url through the running proxy keeps its path; rows that reached another host get a warning
     async with sim_and_proxy(tmp_path / "second") as (_, proxy):
@@ -185,6 +186,35 @@ async def test_through_the_running_proxy_found_by_its_state_file(tmp_path: Path)
                             db_flag=None, direct=False)
     assert notes[0].startswith("recorded 2 rows in ")
     assert "warning: the proxy sent these to 127.0.0.1, not to upstream.example" in notes[1]
+
+
+async def test_out_of_the_box_through_the_running_proxy_picks_the_routes_model(tmp_path: Path) -> None:
+    """`llmtap bench` with no option while `serve` runs: the model the route's traffic used most, else
+    the first the upstream lists; through the CLI, as docs/bench.md promises."""
+    plan = PlanOptions(runs=2, outputs=(5,), experiments=("output",))
+    async with sim_and_proxy(tmp_path) as (sim, proxy):
+        write_state(proxy)
+        listed = await bench(BenchRequest(plan=plan), Budget())  # nothing recorded yet
+        assert listed.info.model == DEFAULT_MODELS[0]
+        assert listed.info.model_from == "the first the upstream lists (GET /v1/models)"
+        async with aiohttp.ClientSession() as s:
+            for _ in range(3):  # a tool's daily traffic: the most used model
+                body = {"model": "gpt-5-mini", "stream": True, "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "hi"}]}
+                async with s.post(proxy.url + "/v1/chat/completions", json=body,
+                                  headers={"Authorization": "Bearer sk-test"}) as r:
+                    assert r.status == 200 and await r.read()
+        assert proxy.flush(10)
+        command = [sys.executable, "-m", "proxy", "bench", "--experiment", "output", "--runs", "2", "--outputs", "5"]
+        result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+        picked = rows(proxy, "SELECT request_model, count(*) AS n FROM requests WHERE starts_with(tag, 'bench-')"
+                             " GROUP BY 1 ORDER BY 1")
+        assert result.returncode == 0, result.stderr
+        assert "openai model gpt-5-mini (the most used on route / (3 requests): no --model)" in result.stdout
+        assert {r["request_model"]: r["n"] for r in picked} == {DEFAULT_MODELS[0]: 5, "gpt-5-mini": 5}
+
+        with pytest.raises(ValueError, match=r"give --model \(the running proxy's route /nope has no successful"):
+            await bench(BenchRequest(plan=plan, proxy_route="/nope", api="anthropic"), Budget())
 
 
 def test_cli_json_on_a_tiny_run_against_the_builtin_simulator(tmp_path: Path) -> None:

@@ -144,6 +144,7 @@ async def test_claude_code(clis: Path, sim: Simulator, proxy: RunningProxy, tmp_
     generation(found[1], "claude-code", "anthropic")
     assert found[1]["user_agent"].startswith("claude-cli/2.1.197")
     assert found[1]["session_id"] and found[1]["key_fingerprint"]
+    assert found[1]["project"] == tmp_path.name  # from its system prompt's working directory
     assert [r[1] for r in sim.requests] == ["/", "/v1/messages?beta=true"]
     assert [found[1]["input_tokens"]] == sim_input_tokens(sim, "/v1/messages?beta=true")
 
@@ -194,6 +195,7 @@ async def test_codex_custom_provider(clis: Path, sim: Simulator, proxy: RunningP
     assert (row["method"], row["path"], row["status"], row["request_model"]) == ("POST", "/v1/responses", 200, "gpt-5")
     generation(row, "codex", "openai_responses")
     assert row["user_agent"].startswith("codex_exec/0.171.0") and row["session_id"]
+    assert row["project"] == tmp_path.name  # from its environment_context's <cwd>
     assert [row["input_tokens"]] == sim_input_tokens(sim, "/v1/responses")
 
     write_state(proxy)
@@ -290,6 +292,7 @@ async def test_cline_each_provider(clis: Path, sim: Simulator, proxy: RunningPro
         assert (row["method"], row["path"], row["status"], row["request_model"]) == (method, path, 200, model)
         generation(row, "cline", dialect)
         assert row["user_agent"].startswith("ai-sdk/")
+        assert row["project"] == tmp_path.name, provider  # its system prompt's Current Working Directory
         assert [row["input_tokens"]] == sim_input_tokens(sim, path)[-1:]
     assert len(rows(proxy)) == 3
     providers = json.loads((data / "settings" / "providers.json").read_text())["providers"]

@@ -49,6 +49,8 @@ claude-haiku-4-5      3    0.0%      -      -      -  900ms   1.2s   1.2s
 gpt-4.1-mini          2   50.0%      -      -      -   1.9s   1.9s   1.9s
 claude-opus-4-1       1  100.0%      -      -      -      -      -      -
 gpt-5o                1  100.0%      -      -      -      -      -      -
+-----------------  ----  ------  -----  -----  -----  -----  -----  -----
+total                30   50.0%  950ms   2.8s   3.1s   4.1s  16.7s  20.9s
 
                          TPOT        output     tokens     cache
 model               p50   p95   p99  tok/s      in   out  read%     cost
@@ -60,6 +62,8 @@ claude-haiku-4-5      -     -     -     33    5.5k    90   0.0%   $0.006
 gpt-4.1-mini          -     -     -     63     800   120   0.0%  $0.0005
 claude-opus-4-1       -     -     -      -       -     -      -        -
 gpt-5o                -     -     -      -       -     -      -        -
+-----------------  ----  ----  ----  -----  ------  ----  -----  -------
+total              18ms  25ms  25ms     40  415.9k  5.5k  88.3%    $0.22
 
 5 slowest requests
 id        model              tool         ttft     e2e  outcome
@@ -99,14 +103,18 @@ day         reqs   err%    p50    p95    p99   p50    p95    p99
 ----------  ----  -----  -----  -----  -----  ----  -----  -----
 2026-11-28    10  50.0%  950ms   2.3s   2.4s  6.4s  13.2s  14.2s
 2026-11-29    12  75.0%  450ms  675ms  695ms  3.0s   5.0s   5.2s
-2026-11-30     8  12.5%   1.8s   3.0s   3.2s  4.1s  19.1s  21.4s""",
+2026-11-30     8  12.5%   1.8s   3.0s   3.2s  4.1s  19.1s  21.4s
+----------  ----  -----  -----  -----  -----  ----  -----  -----
+total         30  50.0%  950ms   2.8s   3.1s  4.1s  16.7s  20.9s""",
         """\
                   TPOT        output     tokens     cache
 day          p50   p95   p99  tok/s      in   out  read%   cost
 ----------  ----  ----  ----  -----  ------  ----  -----  -----
 2026-11-28  22ms  22ms  22ms     40   82.8k  1.6k  78.5%  $0.06
 2026-11-29  19ms  24ms  25ms     46   63.0k  1.2k  76.2%  $0.03
-2026-11-30  16ms  24ms  25ms     34  270.1k  2.7k  94.1%  $0.13""",
+2026-11-30  16ms  24ms  25ms     34  270.1k  2.7k  94.1%  $0.13
+----------  ----  ----  ----  -----  ------  ----  -----  -----
+total       18ms  25ms  25ms     40  415.9k  5.5k  88.3%  $0.22""",
     ]
 
 
@@ -121,6 +129,8 @@ hour              reqs    err%    p50    p95    p99   p50   p95   p99
 2026-11-29 10:00     1  100.0%      -      -      -     -     -     -
 2026-11-29 13:00     1  100.0%      -      -      -     -     -     -
 2026-11-29 15:00     2    0.0%  415ms  446ms  449ms  2.8s  3.0s  3.0s
+----------------  ----  ------  -----  -----  -----  ----  ----  ----
+total                5   60.0%  415ms  446ms  449ms  2.8s  3.0s  3.0s
 
                         TPOT        output    tokens    cache
 hour               p50   p95   p99  tok/s     in  out  read%  cost
@@ -129,6 +139,8 @@ hour               p50   p95   p99  tok/s     in  out  read%  cost
 2026-11-29 10:00     -     -     -      -      -    -      -     -
 2026-11-29 13:00     -     -     -      -      -  300      -     -
 2026-11-29 15:00  18ms  18ms  19ms     48  12.5k  270      -     -
+----------------  ----  ----  ----  -----  -----  ---  -----  ----
+total             18ms  18ms  19ms     48  12.5k  570      -     -
 
 5 slowest requests
 id        model            tool    ttft   e2e  outcome
@@ -156,6 +168,7 @@ def test_report_json(db: Path) -> None:
     "generation"
   ],
   "not_shown": {},
+  "sort": "count",
   "groups": [
     {
       "tag": "bench",
@@ -183,6 +196,30 @@ def test_report_json(db: Path) -> None:
       "subscription_requests": 0
     }
   ],
+  "total": {
+    "requests": 2,
+    "errors": 1,
+    "error_pct": 50.0,
+    "ttft_p50_ms": null,
+    "ttft_p90_ms": null,
+    "ttft_p95_ms": null,
+    "ttft_p99_ms": null,
+    "tpot_p50_ms": null,
+    "tpot_p95_ms": null,
+    "tpot_p99_ms": null,
+    "e2e_p50_ms": 1900.0,
+    "e2e_p95_ms": 1900.0,
+    "e2e_p99_ms": 1900.0,
+    "output_tokens_per_s_p50": 63.2,
+    "input_tokens": 800,
+    "output_tokens": 120,
+    "cache_read_tokens": 0,
+    "cache_read_share": 0.0,
+    "cost_usd": 0.000512,
+    "cost_per_request_usd": 0.000512,
+    "unpriced": 0,
+    "subscription_requests": 0
+  },
   "slowest": [
     {
       "id": "9697e5cf-8f60-44c9-dbaf-59991223cf64",

@@ -122,3 +122,20 @@ def test_wrong_types_are_ignored():
 
 def test_json_that_is_not_an_object():
     assert parse_request("/v1/chat/completions", {}, b"[1, 2]") == RequestInfo(kind="generation")
+
+
+def test_the_project_is_the_working_directory_the_tool_states_in_its_own_places() -> None:
+    from proxy.meter.request_info import project_of
+
+    env = "<env>\nWorking directory: /home/me/src/shop/\nIs directory a git repo: No\n</env>"
+    assert project_of({"system": [{"type": "text", "text": "x"}, {"type": "text", "text": env}]}) == "shop"
+    assert project_of({"system": "Primary working directory: /a/b/llmtap"}) == "llmtap"
+    assert project_of({"messages": [{"role": "system", "content": "4. Working Directory: C:\\Users\\me\\proj"}]}) == "proj"
+    assert project_of({"input": [{"role": "developer", "content": "Working Directory: /x/cline-proj"}]}) == "cline-proj"
+    codex = "<environment_context>\n  <cwd>/srv/api</cwd>\n</environment_context>"
+    assert project_of({"input": [{"role": "user", "content": [{"type": "input_text", "text": codex}]}]}) == "api"
+    assert project_of({"system": "Working directory: /"}) == "/"
+    # a user's message, a tool result or a file's text is never the project
+    assert project_of({"messages": [{"role": "user", "content": "Working directory: /etc"}]}) is None
+    assert project_of({"input": [{"role": "user", "content": "<cwd>/etc</cwd>"}]}) is None
+    assert project_of({"system": "Working directory: /" + "a" * 500})  == "a" * 200  # bounded

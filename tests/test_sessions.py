@@ -130,7 +130,8 @@ async def test_report_by_session_has_one_line_per_session_with_its_cost(recorded
     blocks = table.split("\n\n")
     third = blocks[3].splitlines()  # the session block: reqs, TTFT total, wall (p95 is in the first)
     assert third[1].split() == ["session", "reqs", "total", "wall"]
-    assert len(third) == 3 + 4 and all(len(line) <= 80 for line in table.splitlines())
+    assert len(third) == 3 + 4 + 2 and third[-1].split()[0] == "total"  # a rule, then the total row
+    assert all(len(line) <= 80 for line in table.splitlines())
     csv_header = report(db, "csv").splitlines()[0].split(",")
     assert csv_header[-2:] == ["ttft_total_ms", "wall_s"] and "ttft_p95_ms" in csv_header
 

@@ -42,7 +42,7 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
               "compare's verdict.")
 @click.option("--api", type=click.Choice(["openai", "anthropic"]), default="openai", show_default=True,
               help="Chat Completions or Messages.")
-@click.option("--model", help="Model name (required except against the built-in simulator).")
+@click.option("--model", help="Model name (default: the simulator's; through a running proxy, the one its route's traffic used most, else the first its upstream lists).")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from this environment variable "
               "(default OPENAI_API_KEY or ANTHROPIC_API_KEY).")
 @click.option("--api-key", metavar="KEY", help="The API key itself.")

@@ -28,6 +28,7 @@ class RunInfo:
     runs: int
     warmup: int
     db: str | None = None
+    model_from: str = ""  # without --model: where the model came from
 
 
 def point_label(p: PointSummary) -> str:
@@ -129,7 +130,8 @@ def _knee_line(e: ExperimentSummary) -> str:
 
 def to_table(run: BenchRun, info: RunInfo) -> str:
     stopped = f"; stopped: {run.stopped_by}" if run.stopped_by else ""
-    lines = [f"llmtap bench {run.tag_base}: {info.api} model {info.model} via {info.via}",
+    picked = f" ({info.model_from}: no --model)" if info.model_from else ""
+    lines = [f"llmtap bench {run.tag_base}: {info.api} model {info.model}{picked} via {info.via}",
              f"warm-up {info.warmup} round(s) per experiment, excluded; "
              f"{run.sent} requests in {run.elapsed_s:.1f} s{stopped}"]
     if run.calibration is not None:

@@ -12,7 +12,7 @@ from analysis.bench.client import Api, Target
 from analysis.bench.output import RunInfo
 from analysis.bench.plan import PlanOptions, build_plan
 from analysis.bench.runner import Budget, BenchRun, Progress, run_bench
-from analysis.bench.upstream import BENCH_SIM, SIM_MODELS, check_base_url, open_setup
+from analysis.bench.upstream import BENCH_SIM, SIM_MODELS, check_base_url, default_model, open_setup
 
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
@@ -67,14 +67,22 @@ async def bench(req: BenchRequest, budget: Budget, progress: Progress | None = N
             raise BenchUsageError(str(exc)) from None
     async with open_setup(req.api, req.base_url, direct=req.direct, db=req.db, proxy_route=req.proxy_route,
                           simulator=req.simulator) as setup:
+        key = _api_key(req, setup.simulated)
+        model_from = ""
         model = req.model or (SIM_MODELS[req.api] if setup.simulated else None)
         if model is None:
-            raise BenchUsageError("give --model (only the built-in simulator has a default model)")
-        target = Target(req.api, setup.base_url, model, _api_key(req, setup.simulated), req.timeout_s)
+            found = await default_model(setup, req.api, Target(req.api, setup.base_url, "", key).headers(None))
+            if found is None:
+                where = (f"the running proxy's route {setup.route} has no successful {req.api} generation"
+                         " recorded and its upstream lists no model" if setup.serving else
+                         "only the built-in simulator, or a running proxy's traffic, gives a default model")
+                raise BenchUsageError(f"give --model ({where})")
+            model, model_from = found
+        target = Target(req.api, setup.base_url, model, key, req.timeout_s)
         parallel = req.parallel or (min(setup.capacity or 1, req.plan.runs) if setup.simulated else 1)
         plan = build_plan(replace(req.plan, parallel=parallel))
         run = await run_bench(target, plan, budget, warmup=req.warmup, progress=progress)
         recorded = await setup.recorded(run.tag_base, sum(run.finished.values()))
     info = RunInfo(req.api, model, setup.via, setup.base_url, req.plan.runs, req.warmup,
-                   str(setup.db) if setup.db else None)
+                   str(setup.db) if setup.db else None, model_from)
     return BenchOutcome(run, info, recorded, setup.simulated)

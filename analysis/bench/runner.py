@@ -27,6 +27,7 @@ from analysis.bench.client import Result, Target
 from analysis.bench.plan import Experiment, Point
 from analysis.bench.prompts import Calibration, PromptMaker, calibrate
 from analysis.bench.summary import ExperimentSummary, mark_knee, summarize_point
+from analysis.filters import BENCH_TAG_PREFIX
 
 Progress = Callable[[int, int, str], None]  # done, planned, what is running
 
@@ -36,7 +37,7 @@ class BenchError(Exception):
 
 
 def new_tag_base(now: datetime | None = None) -> str:
-    return "bench-" + (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return BENCH_TAG_PREFIX + (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass(slots=True)

@@ -9,6 +9,11 @@
 - No --base-url and no running proxy: also start the built-in simulated
   upstream (capacity 8, TTFT 80 ms + 20 us per input token, 15 ms per token).
 - `direct`: no proxy at all; nothing is recorded.
+
+With no --model through a running proxy, `default_model` picks one: the model
+its route's successful generations in the API's dialect asked for most (what
+the tools sent there; bench's own requests not counted), else the first model the upstream lists (`GET
+/v1/models` through the route).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from analysis.filters import sql_string
+from analysis.filters import BENCH_TAG_PREFIX, sql_string
 from analysis.views import create_views
 from proxy.common import instances as running
 from proxy.settings.config import ServeConfig
@@ -35,6 +40,7 @@ from analysis.bench.client import Api
 BENCH_SIM = SimConfig(ttft_ms=80, itl_ms=15, tokens=100_000, prefill_us_per_token=20, capacity=8)
 SIM_MODELS = {"openai": "sim-gpt", "anthropic": "sim-claude"}
 RECORD_WAIT_S = 5.0  # how long to wait for a running proxy's writer to catch up
+DIALECTS = {"openai": "openai_chat", "anthropic": "anthropic"}  # the `dialect` of the requests bench sends
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class Setup:
     capacity: int | None = None  # the simulator's capacity
     proxy: RunningProxy | None = None  # in-process
     serving: ServingProxy | None = None  # another process
+    route: str = "/"  # the running proxy's route the requests go through
 
     async def recorded(self, tag_base: str, expected: int = 0) -> list[tuple[str, str, int]] | None:
         """(tag, upstream_host, rows) for this run's tags; None when nothing records."""
@@ -67,6 +74,32 @@ class Setup:
         if self.serving is not None:
             return await _poll_serving(self.serving, sql, expected)
         return None
+
+
+async def default_model(setup: Setup, api: Api, headers: dict[str, str]) -> tuple[str, str] | None:
+    """A model for a run through a running proxy without --model: (model, where it came from), or None."""
+    if setup.serving is None:
+        return None
+    sql = (f"SELECT request_model, count(*) AS n FROM requests WHERE kind = 'generation' AND outcome = 'ok'"
+           f" AND dialect = {sql_string(DIALECTS[api])} AND route = {sql_string(setup.route)}"
+           f" AND request_model IS NOT NULL AND NOT coalesce(starts_with(tag, {sql_string(BENCH_TAG_PREFIX)}), false)"
+           " GROUP BY 1 ORDER BY n DESC, max(started_at) DESC LIMIT 1")
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError):
+            async with session.post(setup.serving.url + "/_llmtap/sql", json={"sql": sql},
+                                    headers=_admin_headers(setup.serving)) as resp:
+                rows = (await resp.json())["rows"] if resp.status == 200 else []
+            if rows:
+                model, n = rows[0]
+                return str(model), f"the most used on route {setup.route} ({n} requests)"
+        models_url = setup.base_url.rstrip("/") + ("/models" if api == "openai" else "/v1/models")
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
+            async with session.get(models_url, headers=headers) as resp:
+                listed = (await resp.json(content_type=None))["data"] if resp.status == 200 else []
+            if listed and listed[0].get("id"):
+                return str(listed[0]["id"]), f"the first the upstream lists (GET {URL(models_url).path})"
+    return None
 
 
 async def find_serving(db: Path | None = None, timeout_s: float = 2.0) -> ServingProxy | None:
@@ -133,7 +166,8 @@ async def open_setup(api: Api, base_url: str | None = None, *, direct: bool = Fa
         base = via_proxy(serving.url, proxy_route, base_url or sdk_base_url(api, serving.url))
         route = f"route {proxy_route}" if proxy_route.strip("/") else "default route"
         yield Setup(base, f"the running proxy at {serving.url} ({route})",
-                    Path(serving.db) if serving.db else None, serving=serving)
+                    Path(serving.db) if serving.db else None, serving=serving,
+                    route="/" + proxy_route.strip("/") if proxy_route.strip("/") else "/")
         return
     async with contextlib.AsyncExitStack() as stack:
         setup = Setup(base_url or "", "")

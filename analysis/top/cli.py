@@ -30,14 +30,17 @@ def _window(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="Show finished requests of this kind (repeatable; default: generation).")
 @click.option("--all", "all_kinds", is_flag=True, help="Show every kind: token counts, probes, model lists, ...")
+@click.option("--include-bench", is_flag=True,
+              help="Show `llmtap bench`'s requests (tags bench-...) too: only counted by default.")
 def top(url: str | None, admin_token: str | None, interval: float, window_s: float, once: bool,
-        kinds: tuple[str, ...], all_kinds: bool) -> None:
+        kinds: tuple[str, ...], all_kinds: bool, include_bench: bool) -> None:
     """A live view of the running proxy: in flight, finished, percentiles, sessions.
 
     Refreshes a few times a second; q or Ctrl-C quits. The percentiles and
     error counts cover the last --window; sessions count every request seen
     since top started. Finished requests are generations unless --kind or
-    --all (the errors line counts the others).
+    --all (the errors line counts the others); `llmtap bench`'s requests are
+    only counted unless --include-bench.
     """
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
@@ -49,9 +52,9 @@ def top(url: str | None, admin_token: str | None, interval: float, window_s: flo
     try:
         proxy = find_proxy(url, admin_token)
         if once:
-            lines = run(lambda: runner.once(proxy, window_s, chosen))
+            lines = run(lambda: runner.once(proxy, window_s, chosen, include_bench))
             echo("\n".join(line.text for line in lines))
         else:
-            run(lambda: runner.live(proxy, window_s, interval, chosen))
+            run(lambda: runner.live(proxy, window_s, interval, chosen, include_bench))
     except FeedError as exc:
         raise click.ClickException(str(exc)) from None

@@ -8,7 +8,8 @@ successful requests, TTFT only over streams; errors are every outcome but
 `ok`. Sessions are the tool's own session id and count every request seen
 since top started (and the backfilled window). Finished requests of other
 kinds than `kinds` (default: generations; token counts, probes, model lists
-and prewarms take milliseconds) are only counted, in `other_total`.
+and prewarms take milliseconds) are only counted, in `other_total`; so are
+`llmtap bench`'s requests (tags bench-...), in `bench_total`, unless `bench`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from proxy.meter.request_kind import path_kind
 from proxy.common.stats import quantile as _sorted_quantile
 
 from analysis.window_projection import project
+from analysis.filters import BENCH_TAG_PREFIX
 
 Row = dict[str, Any]
 RECENT = 50
@@ -127,10 +129,12 @@ def _total(rows: list[Row], column: str) -> int | None:
 
 class TopModel:
     def __init__(self, window_s: float = 300.0, recent: int = RECENT,
-                 kinds: tuple[str, ...] = ("generation",)) -> None:
+                 kinds: tuple[str, ...] = ("generation",), bench: bool = False) -> None:
         self.window_s = window_s
         self.kinds = kinds  # () is every kind
+        self.bench = bench  # show `llmtap bench`'s requests (tags bench-...) too
         self.other_total = 0  # finished requests of other kinds, not shown
+        self.bench_total = 0  # finished bench requests, not shown
         self._other_ids: dict[Any, None] = {}
         self.now: float | None = None
         self.inflight: list[Row] = []
@@ -161,6 +165,9 @@ class TopModel:
         for row in rows:
             if row.get("id") in self.ids:
                 continue
+            if not self.bench and str(row.get("tag") or "").startswith(BENCH_TAG_PREFIX):
+                self._other(row.get("id"), bench=True)
+                continue
             if self.kinds and kind_of(row) not in self.kinds:
                 self._other(row.get("id"))
                 continue
@@ -171,14 +178,18 @@ class TopModel:
             if row.get("session_id"):
                 self._session(row["session_id"]).add(row)
 
-    def _other(self, row_id: Any) -> None:
-        """Count a request of another kind once (a backfilled one comes twice); ids kept bounded."""
+    def _other(self, row_id: Any, bench: bool = False) -> None:
+        """Count a request of another kind (or a bench one) once (a backfilled one comes twice); ids kept
+        bounded."""
         if row_id in self._other_ids:
             return
         self._other_ids[row_id] = None
         if len(self._other_ids) > MAX_OTHER_IDS:
             del self._other_ids[next(iter(self._other_ids))]
-        self.other_total += 1
+        if bench:
+            self.bench_total += 1
+        else:
+            self.other_total += 1
 
     def disconnected(self) -> None:
         """The feed is gone: nothing is known to be in flight any more."""

@@ -149,6 +149,8 @@ def errors_section(model: TopModel, window: str, width: int) -> Section:
     text = f"errors {window}  " + "  ".join(parts) + f"   (ok {ok})"
     if model.other_total:  # finished requests of other kinds than those shown
         text += f"   {model.other_total} other kinds not shown (--all)"
+    if model.bench_total:
+        text += f"   {model.bench_total} bench not shown (--include-bench)"
     return Section(Line(truncate(text, width), heading=True), [])
 
 

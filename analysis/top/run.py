@@ -65,9 +65,10 @@ def _size() -> tuple[int, int]:
     return size.columns, size.lines
 
 
-async def once(proxy: Proxy, window_s: float, kinds: tuple[str, ...] = ("generation",)) -> list[Line]:
+async def once(proxy: Proxy, window_s: float, kinds: tuple[str, ...] = ("generation",),
+               bench: bool = False) -> list[Line]:
     """One frame from the first tick (and the backfilled window)."""
-    model = TopModel(window_s, kinds=kinds)
+    model = TopModel(window_s, kinds=kinds, bench=bench)
     async with aiohttp.ClientSession() as session:
         try:
             async with aclosing(ticks(session, proxy)) as feed:
@@ -83,9 +84,10 @@ async def once(proxy: Proxy, window_s: float, kinds: tuple[str, ...] = ("generat
     return frame(model, width, height, _label(proxy))
 
 
-async def live(proxy: Proxy, window_s: float, interval_s: float, kinds: tuple[str, ...] = ("generation",)) -> None:
+async def live(proxy: Proxy, window_s: float, interval_s: float, kinds: tuple[str, ...] = ("generation",),
+               bench: bool = False) -> None:
     """Redraw every `interval_s` until q, Ctrl-C, Ctrl-D or SIGTERM; the terminal is restored after."""
-    model, link = TopModel(window_s, kinds=kinds), Link()
+    model, link = TopModel(window_s, kinds=kinds, bench=bench), Link()
     quit_, wake = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

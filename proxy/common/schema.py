@@ -110,6 +110,10 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # the kernel saw of them (docs/breakdown-and-compare.md); with it
     # proxy_overhead + pool_wait + dns + connect + tls + upstream_wait + proxy_wait = upstream_headers_ms
     ("proxy_wait_ms", "DOUBLE"),
+    # the project the tool says it works in (m008; proxy/meter/request_info.py project_of): the last
+    # component of the working directory in its system prompt (Claude Code, Cline) or Codex's
+    # environment_context, never from user messages or files
+    ("project", "VARCHAR"),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")

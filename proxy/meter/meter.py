@@ -617,6 +617,7 @@ class Meter:
             "tool_calls": self._tool_calls(done) if d.tool_calls else None,
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
+            "project": info.project,
         }
         bounds.text_checked(row)
         return row, self._chunk_rows()

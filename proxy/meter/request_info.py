@@ -1,4 +1,4 @@
-"""What a request asked for: model, streaming, limits, size, session, and what it is (its kind).
+"""What a request asked for: model, streaming, limits, size, session, project, and what it is (its kind).
 
 Read from a copy of the request body (decoded if the client compressed it:
 Codex sends zstd bodies) and never raising: a body that should be JSON and is
@@ -28,6 +28,23 @@ _GEMINI_MODEL = re.compile(r"/models/([^/:?]+):")
 _OLD_CLAUDE_SESSION = re.compile(r"_session_([0-9a-fA-F-]{36})$")
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 
+# The project: the last component of the working directory the tool says it works in, where it says
+# so itself and nowhere a file's text can be (docs/columns.md `project`):
+# - Claude Code: its system prompt's `<env>` block, `Working directory: /p` (`Primary working directory:`);
+# - Codex: the `<environment_context>` message it puts first in `input`, `<cwd>/p</cwd>`;
+# - Cline: its system prompt's `<env>` block, `4. Working Directory: /p`.
+# Only the system prompt (Anthropic `system`, `system`/`developer` messages of Chat Completions and
+# Responses, Responses `instructions`) and Codex's own block are read: never user messages, tool
+# results or files.
+# `…orking directory:` / `…orking Directory:` found with str.find (a regex over a 20 KB system prompt
+# costs ~1 ms, str.find ~microseconds), then the value read after it
+_CWD_NEEDLES = ("orking directory:", "orking Directory:")
+_CWD_VALUE = re.compile(r"[ \t]*([^\r\n]{1,4096})")
+_CODEX_CWD = re.compile(r"<cwd>([^<\r\n]{1,4096})</cwd>")
+PROJECT_MAX = 200  # characters of the component kept
+_SCAN_ITEMS = 8  # system blocks / messages / input items looked at, from the start
+_SCAN_CHARS = 200_000  # of each text: the system prompts are tens of KB
+
 
 class BodyTooLarge(ValueError):
     pass
@@ -45,6 +62,7 @@ class RequestInfo:
     # The tool results the request carries, new since the model last spoke: [{"id", "name"}]
     # (the `tool_results` column; the dialect reads its API's shape)
     tool_results: list[dict[str, str | None]] | None = None
+    project: str | None = None  # the last component of the tool's working directory (project_of)
 
 
 def parse_request(
@@ -121,6 +139,54 @@ def _from_body(info: RequestInfo, obj: dict[str, Any]) -> None:
     info.max_tokens = _max_tokens(obj)
     info.message_count = _message_count(obj)
     info.session_id = _metadata_session(obj.get("metadata"))
+    info.project = project_of(obj)
+
+
+def project_of(obj: dict[str, Any]) -> str | None:
+    """The project the request says it works in (see _CWD_NEEDLES), or None."""
+    for text in _system_texts(obj):
+        for needle in _CWD_NEEDLES:
+            at = text.find(needle, 0, _SCAN_CHARS)
+            match = _CWD_VALUE.match(text, at + len(needle)) if at >= 0 else None
+            if match:
+                return _last_component(match.group(1))
+    for item in _items(obj.get("input")):  # Codex: the environment_context message
+        for text in _texts(item.get("content")):
+            if text.lstrip()[:21] == "<environment_context>":
+                match = _CODEX_CWD.search(text, 0, _SCAN_CHARS)
+                return _last_component(match.group(1)) if match else None
+    return None
+
+
+def _items(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value[:_SCAN_ITEMS] if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _texts(content: Any) -> list[str]:
+    """A message's or a system field's text: a string, or the text of its first blocks."""
+    if isinstance(content, str):
+        return [content]
+    return [b["text"] for b in _items(content) if isinstance(b.get("text"), str)]
+
+
+def _system_texts(obj: dict[str, Any]) -> list[str]:
+    texts = _texts(obj.get("system"))  # Anthropic
+    if isinstance(obj.get("instructions"), str):  # Responses
+        texts.append(obj["instructions"])
+    for key in ("messages", "input"):  # Chat Completions, Responses: the system prompt's messages
+        for message in _items(obj.get(key)):
+            if message.get("role") in ("system", "developer"):
+                texts += _texts(message.get("content"))
+    return texts
+
+
+def _last_component(path: str) -> str | None:
+    """`/home/me/src/shop/` -> `shop` (`\\` too, for Windows); `/` stays `/`."""
+    path = path.strip().strip("`'\"")
+    stripped = path.rstrip("/\\")
+    if not stripped:
+        return path[:1] or None
+    return re.split(r"[/\\]", stripped)[-1][:PROJECT_MAX] or None
 
 
 def _tool_results(info: RequestInfo, path: str, obj: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ MAX_FINISHED = 5000  # rows kept between two ticks; more are counted in finished
 FINISHED_FIELDS = (
     "id", "method", "path", "request_model", "tool", "session_id", "status", "outcome", "error_type",
     "stream", "ttft_ms", "tpot_ms", "e2e_ms", "input_tokens", "output_tokens", "cache_read_tokens",
-    "output_tokens_per_s", "kind",
+    "output_tokens_per_s", "kind", "tag",
     # for top's cost and limits: the price's inputs, and the limits the upstream stated to the key
     "response_model", "upstream_host", "key_fingerprint", "credential_kind", "cache_creation_tokens",
     "reasoning_tokens", "ratelimit_requests_remaining", "ratelimit_requests_limit", "ratelimit_tokens_remaining",

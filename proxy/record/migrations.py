@@ -210,3 +210,10 @@ def m007_proxy_wait(con: duckdb.DuckDBPyConnection) -> None:
     a breakdown, so their parts still add up, else NULL."""
     con.execute("ALTER TABLE requests ADD COLUMN proxy_wait_ms DOUBLE")
     con.execute("UPDATE requests SET proxy_wait_ms = 0 WHERE upstream_wait_ms IS NOT NULL OR connect_ms IS NOT NULL")
+
+
+@migration
+def m008_project(con: duckdb.DuckDBPyConnection) -> None:
+    """The project each request's tool says it works in (docs/columns.md `project`). Rows recorded
+    before have none: they stay NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN project VARCHAR")
