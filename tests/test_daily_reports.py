@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 
 from proxy.cli import main
 from proxy.common.headers import TAG_HEADER
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from tests.serving import RunningProxy
 
 from .conftest import rows
 
