@@ -81,10 +81,10 @@ class Filters:
             if values:
                 terms.append(f"{prefix}{column} IN ({', '.join(sql_string(v) for v in values)})")
         for field in EXCLUDABLE:
-            values = [v for f, v in self.exclude if f == field]
-            if values:
+            excluded = [v for f, v in self.exclude if f == field]
+            if excluded:
                 column = prefix + EXCLUDABLE[field]
-                terms.append(f"({column} IS NULL OR {column} NOT IN ({', '.join(sql_string(v) for v in values)}))")
+                terms.append(f"({column} IS NULL OR {column} NOT IN ({', '.join(sql_string(v) for v in excluded)}))")
         if not self.bench and not self.tags:
             terms.append(f"NOT coalesce(starts_with({prefix}tag, {sql_string(BENCH_TAG_PREFIX)}), false)")
         terms += (f"({condition})" for condition in self.conditions)

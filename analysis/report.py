@@ -245,7 +245,7 @@ def _shows_total(report: Report) -> bool:
 
 
 def _table_rows(report: Report) -> list[dict[str, Any]]:
-    return report.groups + ([report.total] if _shows_total(report) else [])
+    return report.groups + ([report.total] if report.total is not None and len(report.groups) > 1 else [])
 
 
 def _block_cells(report: Report, block: Block) -> list[list[str]]:
