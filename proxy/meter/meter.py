@@ -51,7 +51,7 @@ from proxy.meter.sse import SSEParser
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
 # One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
 MAX_SSE_EVENT = 8 * 1024 * 1024
-PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
+PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain; no timer: proxy/common/latency.py)
 PENDING_BYTES = 256 * 1024
 # Output events kept one by one per request (their times, sizes and kinds: some 90 bytes each, and a
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
