@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -48,9 +47,9 @@ MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) 
 PRUNE_INTERVAL_S = 3600.0
 # The writer runs beside the event loop, often on the same core: DuckDB's own worker threads only add
 # hand-offs to an INSERT of a few thousand rows (a chunk row costs 1.0 µs of CPU with one thread, 1.5
-# with two; benchmarks/README.md), and the thread yields to the loop when both want the core.
+# with two; benchmarks/README.md). The writer thread keeps the loop's priority: it holds the GIL while
+# it builds a batch, and a lower priority on a busy core made the loop wait for it (benchmarks/README.md).
 WRITER_THREADS = 1
-WRITER_NICE = 3  # added to the writer thread's nice value (Linux: per thread), never to the loop's
 
 # Errors raised by the rows themselves (a value that does not fit its column): the batch
 # is split to find and drop them. Any other error (I/O, a missing table) is retried.
@@ -313,7 +312,6 @@ class Store:
     # -- the writer thread -----------------------------------------------------
 
     def _run(self) -> None:
-        _lower_priority()
         taken = time.monotonic()
         while True:
             # Every interval from the last take, however long the write took: a crash loses at most
@@ -638,16 +636,6 @@ def _invalidated(exc: BaseException) -> bool:
 
 def _span(seconds: float) -> str:
     return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
-
-
-def _lower_priority() -> None:
-    """The calling thread's nice value raised by WRITER_NICE, where the system has per-thread nice
-    values (Linux: setpriority on a thread id); elsewhere, or when refused, as it was."""
-    if not WRITER_NICE or not hasattr(os, "setpriority") or not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
 
 
 def _one_line(exc: BaseException) -> str:
