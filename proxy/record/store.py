@@ -1,7 +1,7 @@
 """The DuckDB store: rows go in on the event loop, a writer thread writes them.
 
-`put()` runs on the event loop for every request, so it only encodes the row as
-JSON text and appends it to a list under a short lock. One daemon thread takes
+`put()` runs on the event loop for every request, so it only turns the row into
+its tuple of values (batch.RowTable.encode) and appends it to a list under a short lock. One daemon thread takes
 everything pending about every `flush_interval_s` and writes it in one
 transaction, each table's rows in one INSERT per batch (proxy/record/batch.py).
 
@@ -25,25 +25,31 @@ from typing import Any
 
 import duckdb
 
-from proxy.common import duck
+from proxy.common import duck, latency
 from proxy.record import retention, sql_filter
 from proxy.record.query_limits import QueryStop, QueryStopped, fetch_capped
 from proxy.record.batch import BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
 from proxy.common.terminal_text import stderr_line
 
+# The writer's interval is its share of the row's latency budget (proxy/common/latency.py).
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
 # While the database cannot be written (a full disk), rows wait in memory up to these bounds, some
-# 100 MB in all (a request row's JSON is about 1.2 KB, a chunk row about 130 bytes); then new rows are dropped.
+# 100 MB in all (a request row about 1.2 KB, a chunk row about 130 bytes); then new rows are dropped.
 MAX_PENDING_REQUESTS = 20_000
 MAX_PENDING_CHUNKS = 500_000
 MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
 # Retention (serve --retain-days, --retain-bodies-days): old rows are deleted when the writer starts, then
 # this often; one batch (retention.BATCH_REQUESTS) per wake of the writer, between writes of new rows.
 PRUNE_INTERVAL_S = 3600.0
+# The writer runs beside the event loop, often on the same core: DuckDB's own worker threads only add
+# hand-offs to an INSERT of a few thousand rows (a chunk row costs 1.0 µs of CPU with one thread, 1.5
+# with two; benchmarks/README.md). The writer thread keeps the loop's priority: it holds the GIL while
+# it builds a batch, and a lower priority on a busy core made the loop wait for it (benchmarks/README.md).
+WRITER_THREADS = 1
 
 # Errors raised by the rows themselves (a value that does not fit its column): the batch
 # is split to find and drop them. Any other error (I/O, a missing table) is retried.
@@ -94,7 +100,7 @@ class Store:
         self,
         path: str | Path,
         *,
-        flush_interval_s: float = 1.0,
+        flush_interval_s: float = latency.STORE_FLUSH_S,
         max_pending_requests: int = MAX_PENDING_REQUESTS,
         max_pending_chunks: int = MAX_PENDING_CHUNKS,
         record_chunks: bool = True,
@@ -118,7 +124,7 @@ class Store:
         self._report_fn = report
         self._lock = threading.Lock()
         self._written = threading.Condition(self._lock)
-        self._requests: list[bytes] = []  # JSON texts (batch.JsonTable.encode)
+        self._requests: list[tuple[Any, ...]] = []  # in column order (batch.RowTable.encode)
         self._unfit: list[Exception] = []  # why rows put since the last take could not be encoded
         self._chunks: list[tuple[Any, ...]] = []
         self._put_seq = 0  # requests accepted by put()
@@ -168,6 +174,7 @@ class Store:
         if self._memory_limit_mb:
             con.execute(f"SET memory_limit = '{int(self._memory_limit_mb)}MiB'")
         con.execute("SET GLOBAL TimeZone = 'UTC'")
+        con.execute(f"SET threads = {WRITER_THREADS}")  # the instance's: queries through the proxy too
         duck.lock_down(con)
         return con.cursor()
 
@@ -217,7 +224,7 @@ class Store:
         A row that cannot be encoded is rejected as the writer rejects rows that do not fit the schema.
         """
         try:
-            blob: bytes | Exception = REQUESTS.encode(row)
+            blob: tuple[Any, ...] | Exception = REQUESTS.encode(row)
         except Exception as exc:  # whatever a row that is not one raises: rejected, reported by the writer
             blob = exc
         try:
@@ -235,7 +242,7 @@ class Store:
                         self._counts["chunks_dropped"] += n
                     elif n:
                         self._chunks.extend(chunks)  # type: ignore[arg-type]
-                    if isinstance(blob, bytes):
+                    if not isinstance(blob, Exception):
                         self._requests.append(blob)
                     else:
                         self._unfit.append(blob)

@@ -136,14 +136,19 @@ class TimedConnector(aiohttp.TCPConnector):
             self._seen.add(protocol)
         if getattr(req, "proxy", None) is not None:  # the tunnel's exchange is in the round trip too
             marks.handshake = None
-        _stamp_sending(conn, marks)
-        _stamp_answer(conn, marks)
+        reader = _stamp_answer(conn, marks)
+        _stamp_sending(conn, marks, reader)
         return conn
 
 
-def _segments_out(transport: Any) -> int | None:
-    """The data segments the connection has sent so far (TCP_INFO's tcpi_data_segs_out)."""
-    info = _tcp_info(transport.get_extra_info("socket") if transport is not None else None, _TCP_INFO_SENT)
+def _segments_out(transport: Any, reader: rx_stamp.RxStamp | None = None) -> int | None:
+    """The data segments the connection has sent so far (TCP_INFO's tcpi_data_segs_out), read on the
+    answer's reader's socket when there is one: uvloop's transport hands out a stand-in whose every
+    `getsockopt` makes a Python socket object (syscalls included), the reader's is one already."""
+    sock = reader.sock if reader is not None else None
+    if sock is None:
+        sock = transport.get_extra_info("socket") if transport is not None else None
+    info = _tcp_info(sock, _TCP_INFO_SENT)
     return None if info is None else struct.unpack_from("I", info, 156)[0]
 
 
@@ -158,28 +163,29 @@ def _tcp_info(sock: socket.socket | None, length: int) -> bytes | None:
     return info if len(info) >= length else None
 
 
-def _stamp_sending(conn: Any, marks: ConnectionMarks) -> None:
+def _stamp_sending(conn: Any, marks: ConnectionMarks, reader: rx_stamp.RxStamp | None = None) -> None:
     """When the request leaves (`marks.sending`). aiohttp writes a request with a body from a task it
     creates right after this returns (Python < 3.12; later ones start it at once): a callback put on
     the loop now runs just before that task's first step, whose write sends the request. If the
     connection has sent data by then, the request went at once (`ready`, nothing to add)."""
     transport = conn.transport
-    before = _segments_out(transport)
+    before = _segments_out(transport, reader)
     if before is None:
         return
 
     def sending() -> None:
-        if _segments_out(transport) == before:  # not written yet: it is, next on the loop
+        if _segments_out(transport, reader) == before:  # not written yet: it is, next on the loop
             marks.sending = perf_counter_ns()
 
     asyncio.get_running_loop().call_soon(sending)
 
 
-def _stamp_answer(conn: Any, marks: ConnectionMarks) -> None:
-    """Read the response's first byte on `conn` with the kernel's receive time (`marks.answered`)."""
+def _stamp_answer(conn: Any, marks: ConnectionMarks) -> rx_stamp.RxStamp | None:
+    """Read the response's first byte on `conn` with the kernel's receive time (`marks.answered`);
+    the reader, armed, or None."""
     transport, protocol = conn.transport, conn.protocol
     if protocol is None or not rx_stamp.usable(transport):
-        return
+        return None
 
     def held() -> bool:  # aiohttp's own flow control holds the connection's reading
         return bool(getattr(protocol, "_reading_paused", False) or getattr(protocol, "_buffer_paused", False))
@@ -190,8 +196,9 @@ def _stamp_answer(conn: Any, marks: ConnectionMarks) -> None:
     reader = rx_stamp.RxStamp(transport, protocol.data_received, held, answered)
     if reader.arm():
         _ANSWER.set(reader)
-    else:
-        reader.close()
+        return reader
+    reader.close()
+    return None
 
 
 def settle() -> None:

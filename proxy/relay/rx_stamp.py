@@ -134,6 +134,11 @@ class RxStamp:
             self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         return self._sock
 
+    @property
+    def sock(self) -> socket.socket | None:
+        """The duplicate of the connection's socket while it is open (armed once), else None."""
+        return self._sock
+
     def peek(self) -> int | None:
         """The kernel's time of the first bytes waiting unread, if any (nothing is read). For a
         connection just accepted, whose transport starts reading once `connection_made` returns

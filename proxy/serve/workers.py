@@ -61,13 +61,14 @@ from aiohttp import web
 
 from proxy.relay import admin
 from proxy.common import instances as running
+from proxy.common import latency
 from proxy.serve import spill
 from proxy.record.recorder import Finished
 from proxy.serve.row_channel import Channel
 from proxy.serve.server import RunningProxy, run, tune_runtime
 from proxy.common.terminal_text import stderr_line
 
-SHIP_DELAY_S = 0.02  # the longest a finished request waits in a worker before it is sent
+SHIP_DELAY_S = latency.SHIP_DELAY_S  # the longest a finished request waits in a worker before it is sent
 SHIP_BATCH = 512  # requests per message at most
 MAX_UNSENT_BYTES = 64 * 1024 * 1024  # the channel's backlog past which a worker drops rows (counted)
 BEAT_S = 1.0

@@ -13,7 +13,7 @@ from yarl import URL
 
 from proxy.settings import egress
 from proxy.settings.alerts import AlertsError, check_alerts
-from proxy.common import paths, prices
+from proxy.common import latency, paths, prices
 from proxy.settings.routes import Route, RouteError, RouteTable, make_route, normal_prefix
 
 EXAMPLE = (
@@ -47,7 +47,7 @@ class ServeConfig:
     body_memory_mb: float = 256.0
     pool_size: int = 0
     ca_bundle: str | None = None
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = latency.STORE_FLUSH_S  # the store's share of the row's budget (proxy/common/latency.py)
     allow_remote: bool = False
     # The admin endpoint's secret: this, else $LLMTAP_ADMIN_TOKEN, else the file, else one made per start
     # (kept in the owner-only state file, where llmtap's own commands read it).
