@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import select
 import socket
 import ssl
@@ -296,6 +297,12 @@ class _Peeker:
                     pass
 
     @classmethod
+    def forget(cls) -> None:
+        """In a forked child: the parent's thread is not there (a new one starts with the next watch)."""
+        cls._lock = threading.Lock()
+        cls._epoll, cls._watches = None, {}
+
+    @classmethod
     def _run(cls, epoll: Any) -> None:
         while True:
             try:
@@ -309,6 +316,10 @@ class _Peeker:
                     watch = cls._watches.get(fd)
                 if watch is not None:
                     watch.peek()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Peeker.forget)
 
 
 def _unread_is_all(sock: socket.socket) -> bool:
