@@ -22,9 +22,13 @@ it in a response header). Then, per column, recorded − wire at p50, p99 and ma
   to the client;
 - `sum`: the breakdown's parts against `upstream_headers_ms` and `ttft_ms` (must be 0 exactly).
 
+For https it also prints (stderr), from the wire alone, llmtap's own waits in a new connection's
+handshake: SYN-ACK -> its ClientHello, and the upstream's flight -> its Finished (the flight
+waiting to be read, llmtap's TLS work): what `tls_ms` must leave out.
+
 Bounded: `--requests` per concurrency and mode (small by default), loopback only, every process
-it starts (simulator, proxy, tcpdump, spinners) stopped at the end. Needs tcpdump (root) and dpkt
-(`pip install dpkt`: the benchmark's, not llmtap's). `--code DIR` runs the proxy of another tree
+it starts (simulator, proxy, tcpdump, spinners) stopped at the end. Needs tcpdump (root), dpkt
+and, for https, trustme (`pip install dpkt trustme`: the benchmark's, not llmtap's). `--code DIR` runs the proxy of another tree
 (a worktree of main, to compare before and after).
 
     python benchmarks/wire_truth.py --requests 64
