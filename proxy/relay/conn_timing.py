@@ -220,7 +220,8 @@ class _FlightWatch:
         # The transport is made once this factory returns; on the next loop turn it writes the
         # ClientHello (from a callback queued right after this one: `_hello` stamps its moment) and
         # starts reading. A turn later, with the transport's own watch in the loop's epoll, this one's
-        # is added: the kernel wakes a socket's watchers newest first, so this one before it.
+        # is added: the kernel wakes a socket's watchers newest first, so this one before it; a
+        # flight that came in between waits unread (the loop has not polled since): peeked then.
         self._loop.call_soon(self._hello)
 
     def fileno(self) -> int:
@@ -233,6 +234,10 @@ class _FlightWatch:
 
     def _watch(self) -> None:
         if self._sock is None:
+            return
+        self.peek()  # the flight already waiting (the process was not running): the loop has not polled since
+        if self._marks.flight is not None:
+            self.close()
             return
         try:
             self._loop.add_reader(self._sock.fileno(), self._ready)
