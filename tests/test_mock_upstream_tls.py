@@ -81,3 +81,27 @@ async def test_an_https_mock_upstream_times_its_handshake_and_relays_as_is(
     parts = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms", "proxy_wait_ms")
     for row in (first, second):
         assert sum(row[name] or 0.0 for name in parts) == pytest.approx(row["upstream_headers_ms"], abs=1e-6)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tls-cert", __file__], "--tls-cert and --tls-key go together"),
+    (["--tls-ca-file", "ca.pem"], "--tls-ca-file goes with --tls"),
+])
+def test_tls_options_that_do_not_go_together(args: list[str], words: str) -> None:
+    from click.testing import CliRunner
+
+    from proxy.simulator.cli import mock_upstream
+
+    result = CliRunner().invoke(mock_upstream, ["--port", "0", *args])
+    assert result.exit_code == 2 and words in result.output
+
+
+def test_a_pair_that_is_not_a_certificate_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from proxy.simulator.cli import mock_upstream
+
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    result = CliRunner().invoke(mock_upstream, ["--port", "0", "--tls-cert", str(junk), "--tls-key", str(junk)])
+    assert result.exit_code == 1 and f"cannot load --tls-cert {junk}" in result.output

@@ -215,7 +215,11 @@ class _FlightWatch:
         self._watching = False
         self._lock = threading.Lock()  # the peek against the close (the thread's peek)
         self._sock: socket.socket | None = socket.fromfd(sock.fileno(), sock.family, sock.type)
-        self._sock.setsockopt(socket.SOL_SOCKET, rx_stamp.SO_TIMESTAMPNS, 1)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, rx_stamp.SO_TIMESTAMPNS, 1)
+        except OSError:
+            self._sock.close()
+            raise
         _Peeker.watch(self)
         # The transport is made once this factory returns; on the next loop turn it writes the
         # ClientHello (from a callback queued right after this one: `_hello` stamps its moment) and
