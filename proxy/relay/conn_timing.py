@@ -207,7 +207,7 @@ class _FlightWatch:
     the transport's own, when it is in place before they come) and `_Peeker`'s thread (which needs
     no turn of the loop: a busy loop reads them late)."""
 
-    __slots__ = ("_loop", "_sock", "_marks", "_watching", "_lock")
+    __slots__ = ("_loop", "_sock", "_marks", "_watching", "_lock", "_gated")
 
     def __init__(self, sock: socket.socket, marks: ConnectionMarks) -> None:
         self._loop = asyncio.get_running_loop()
@@ -220,12 +220,17 @@ class _FlightWatch:
         except OSError:
             self._sock.close()
             raise
+        # Until this watch is in the loop's epoll, the connection is held unreadable: its low-water
+        # mark raised to GATE bytes (more than a first flight), which the kernel lets down at once
+        # when lowered again (`_ungate`, two loop turns on, or `close`).
+        self._gated = _gate(self._sock)
         _Peeker.watch(self)
         # The transport is made once this factory returns; on the next loop turn it writes the
         # ClientHello (from a callback queued right after this one: `_hello` stamps its moment) and
         # starts reading. A turn later, with the transport's own watch in the loop's epoll, this one's
-        # is added: the kernel wakes a socket's watchers newest first, so this one before it; a
-        # flight that came in between waits unread (the loop has not polled since): peeked then.
+        # is added: the kernel wakes a socket's watchers newest first, so this one before it. A
+        # flight that came before is held unread by the low-water mark: peeked when the watch is
+        # made, and again a turn later, when the mark goes down.
         self._loop.call_soon(self._hello)
 
     def fileno(self) -> int:
@@ -247,7 +252,21 @@ class _FlightWatch:
             self._loop.add_reader(self._sock.fileno(), self._ready)
             self._watching = True
         except (OSError, RuntimeError, NotImplementedError, ValueError):
-            pass
+            self._ungate()
+            return
+        self._loop.call_soon(self._open)
+
+    def _open(self) -> None:
+        """The watch is in the loop's epoll now: a flight held meanwhile is peeked, then let go."""
+        self.peek()
+        self._ungate()
+        if self._marks.flight is not None:
+            self.close()
+
+    def _ungate(self) -> None:
+        if self._gated and self._sock is not None:
+            self._gated = False
+            _ungate(self._sock)
 
     def _ready(self) -> None:
         self.peek()
@@ -262,6 +281,7 @@ class _FlightWatch:
 
     def close(self) -> None:
         """Stop watching (the loop's thread): `connect` returned or failed, or the loop's watch fired."""
+        self._ungate()
         with self._lock:
             sock, self._sock = self._sock, None
         if sock is None:
@@ -329,6 +349,30 @@ class _Peeker:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_Peeker.forget)
+
+
+GATE = 16 * 1024  # bytes: more than a TLS 1.3 first flight (a few kB with its certificates)
+
+
+def _gate(sock: socket.socket) -> bool:
+    """Raise the connection's receive low-water mark to GATE: no watcher hears of fewer bytes
+    waiting. Only where the receive buffer is at least 4 x GATE: a mark over a quarter of it would
+    make Linux grow the buffer and clamp the connection's window to the mark for good."""
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < 4 * GATE:
+            return False
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATE)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def _ungate(sock: socket.socket) -> None:
+    """The low-water mark back to 1 byte; the kernel wakes the connection's readers if bytes wait."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    except OSError:
+        pass
 
 
 def _unread_is_all(sock: socket.socket) -> bool:
