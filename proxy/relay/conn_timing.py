@@ -23,15 +23,20 @@ moments they mark:
 - for a TLS connection, the handshake's start (`hello`: the ClientHello made, as the first
   `do_handshake` returns: `TimedSSLObject`, the client context's public `sslobject_class`; else the
   loop turn on which the transport writes it, a callback queued just before its own), and the
-  upstream's first flight by the
-  kernel's receive time (`flight`): from the protocol factory, a duplicate of the socket is watched
-  (`loop.add_reader`, two loop turns later: after the transport's own watch, so that the kernel,
-  which wakes a socket's watchers newest first, wakes this one first) and its first waiting byte
-  peeked with `recvmsg` (`rx_stamp.first_stamp`), kept only if nothing had been read from the
-  connection yet (TCP_INFO's bytes received = the bytes waiting: so it is the ServerHello's) and
-  the handshake was TLS 1.3 (whose first flight from the upstream ends it: ServerHello ...
-  Finished). Without it (not Linux, the transport read first, TLS 1.2), `tls_ms` ends when the
-  connection is ready, llmtap's own TLS work included;
+  upstream's first flight by the kernel's receive time (`flight`, `_FlightWatch`): from the
+  protocol factory, a duplicate of the socket is watched and its first waiting byte peeked with
+  `recvmsg` (`rx_stamp.first_stamp`), kept only if nothing had been read from the connection yet
+  (TCP_INFO's bytes received = the bytes waiting: so it is the ServerHello's) and the handshake
+  was TLS 1.3 (whose first flight from the upstream ends it: ServerHello ... Finished). The loop's
+  watch (`loop.add_reader`) is added two loop turns on, after the transport's own, so that the
+  kernel, which wakes a socket's watchers newest first, wakes it first; until then the connection
+  is held unreadable (its receive low-water mark at 16 kB, `SO_RCVLOWAT`, only where the receive
+  buffer is 4 times that, so that Linux neither grows it nor clamps the window) and a flight that
+  came meanwhile is peeked as the watch is made; a thread in an epoll of its own peeks too (for a
+  loop too busy to turn). The cost: a flight that comes within those two loop turns is read up to
+  two turns later than it would have been; one duplicate descriptor per handshake under way.
+  Without it (not Linux, `LLMTAP_NO_RX_STAMP=1`, the transport read first, TLS 1.2), `tls_ms`
+  ends when the connection is ready, llmtap's own TLS work included;
 - the response's first byte, by the kernel's receive time (`answered`): the connection handed out
   for a plain-http request reads its next bytes through `rx_stamp.RxStamp` until they come
   (`settle`, called by the relay once the headers are in, lets go of it in any case).
