@@ -4,25 +4,35 @@ Starts `llmtap mock-upstream` (its distance given inside it: `--headers-delay-ms
 serve` as separate processes on loopback, captures both legs with tcpdump (nanosecond stamps, on
 `lo`), loads the machine with spinning processes, and sends streamed Anthropic Messages requests
 through the proxy at each concurrency, on new connections (the client closes each one, the
-upstream answers `Connection: close`) and on reused ones. Each request carries its tag in the
-`X-Llmtap-Tag` header (the row's `tag`) and in its body (which goes upstream as it is), so every
-row is matched to its packets on both legs. Then, per column, recorded − wire at p50, p99 and max:
+upstream answers `Connection: close`) and on reused ones, to a plain-http upstream and to an
+https one (`mock-upstream --tls`, its private CA given to `serve --ca-bundle`). Each request carries
+its tag in the `X-Llmtap-Tag` header (the row's `tag`) and in its body (which goes upstream as it
+is), so every row is matched to its packets on both legs; over https, where the upstream leg is
+encrypted, by the port of the connection that carried it (`x-sim-echo-peer`: the simulator names
+it in a response header). Then, per column, recorded − wire at p50, p99 and max:
 
 - `ttft`: the client's request's first packet -> the first packet to the client with a
   `content_block_delta`; `e2e`: -> the response's last packet to the client;
 - `connect` (new connections): the proxy's SYN to the upstream -> the upstream's SYN-ACK;
-- `upstream_wait`: the request's first packet to the upstream -> the response's first packet back;
+- `tls` (new https connections): the proxy's ClientHello -> the last packet of the upstream's
+  first flight (ServerHello ... Finished: the packets before the proxy's next one);
+- `upstream_wait` (http: these three need the upstream leg's bytes): the request's first packet to the upstream -> the response's first packet back;
 - `upstream_headers`: the client's request's first packet -> the upstream's response's first packet;
 - `h2ft` (`headers_to_first_token_ms`): the upstream's response's first packet -> the first token
   to the client;
 - `sum`: the breakdown's parts against `upstream_headers_ms` and `ttft_ms` (must be 0 exactly).
 
+For https it also prints (stderr), from the wire alone, llmtap's own waits in a new connection's
+handshake: SYN-ACK -> its ClientHello, and the upstream's flight -> its Finished (the flight
+waiting to be read, llmtap's TLS work): what `tls_ms` must leave out.
+
 Bounded: `--requests` per concurrency and mode (small by default), loopback only, every process
-it starts (simulator, proxy, tcpdump, spinners) stopped at the end. Needs tcpdump (root) and dpkt
-(`pip install dpkt`: the benchmark's, not llmtap's). `--code DIR` runs the proxy of another tree
+it starts (simulator, proxy, tcpdump, spinners) stopped at the end. Needs tcpdump (root), dpkt
+and, for https, trustme (`pip install dpkt trustme`: the benchmark's, not llmtap's). `--code DIR` runs the proxy of another tree
 (a worktree of main, to compare before and after).
 
     python benchmarks/wire_truth.py --requests 64
+    python benchmarks/wire_truth.py --schemes https --modes new --requests 64
     python benchmarks/wire_truth.py --code /work/main --requests 64
 """
 
@@ -35,6 +45,7 @@ import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -49,7 +60,7 @@ import dpkt
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = b"content_block_delta"
 ADMIN = {"X-Llmtap-Admin-Token": "llmtap-wire-truth-admin-token"}
-COLUMNS = ("ttft", "e2e", "connect", "upstream_wait", "upstream_headers", "h2ft")
+COLUMNS = ("ttft", "e2e", "connect", "tls", "upstream_wait", "upstream_headers", "h2ft")
 PARTS = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms")
 OWN = ("proxy_wait_ms",)  # llmtap's own part of the upstream's, where the proxy records it
 
@@ -65,24 +76,43 @@ def start(code: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen:
                             cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def one(s: aiohttp.ClientSession, base: str, tag: str) -> None:
+async def one(s: aiohttp.ClientSession, base: str, tag: str, peers: dict[str, int]) -> None:
     body = {"model": "claude-x", "stream": True, "max_tokens": 100,
             "messages": [{"role": "user", "content": f"{tag} " + "hi " * 40}]}
-    async with s.post(base + "/v1/messages", json=body, headers={"X-Llmtap-Tag": tag}) as r:
+    async with s.post(base + "/v1/messages", json=body, headers={"X-Llmtap-Tag": tag, "x-sim-echo-peer": "1"}) as r:
+        if (peer := r.headers.get("x-sim-peer")) is not None:
+            peers[tag] = int(peer)  # the proxy's port on the upstream connection that carried it
         async for _ in r.content.iter_any():
             pass
 
 
-async def drive(base: str, tags: list[str], concurrency: int, new: bool) -> None:
+async def drive(base: str, tags: list[str], concurrency: int, new: bool, peers: dict[str, int] | None = None) -> None:
     queue = list(reversed(tags))
+    peers = {} if peers is None else peers
 
     async def worker(s: aiohttp.ClientSession) -> None:
         while queue:
-            await one(s, base, queue.pop())
+            await one(s, base, queue.pop(), peers)
 
     connector = aiohttp.TCPConnector(force_close=new, limit=0)
     async with aiohttp.ClientSession(connector=connector) as s:
         await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+
+
+async def wait_tls(url: str, ca: Path, deadline_s: float = 60) -> None:
+    """`wait_ready` for the https simulator: its CA file written, then a HEAD / trusting it."""
+    end = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < end:
+            try:
+                if ca.exists() and ca.stat().st_size:
+                    async with s.head(url + "/", ssl=ssl.create_default_context(cafile=str(ca))) as r:
+                        if r.status < 500:
+                            return
+            except (aiohttp.ClientError, ssl.SSLError, OSError):
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} did not start")
 
 
 async def rows(base: str, prefix: str, expected: int) -> dict[str, dict]:
@@ -189,6 +219,38 @@ def exchanges(flows: dict[tuple, Flow], port: int, marker_of) -> dict[str, Excha
     return found
 
 
+def handshake(flow: Flow) -> tuple[int, int] | None:
+    """A TLS connection's ClientHello (the opener's first handshake record) and the last packet of
+    the listener's first flight after it (ServerHello ... Finished: up to the opener's next packet)."""
+    hello = next((i for i, (_, opener, data) in enumerate(flow.packets) if opener and data[:1] == b"\x16"), None)
+    if hello is None:
+        return None
+    end = None
+    for t, opener, _ in flow.packets[hello + 1:]:
+        if opener:
+            break
+        end = t
+    return None if end is None else (flow.packets[hello][0], end)
+
+
+def lateness(flows: list[Flow | None]) -> str:
+    """Where llmtap's own time in new TLS connections is, by the wire: SYN-ACK -> its ClientHello
+    (in `connect`'s own part and the start of `tls`), and the upstream's flight -> llmtap's next
+    packet, its Finished (the flight waiting to be read, and llmtap's TLS work)."""
+    hello, finished = [], []
+    for flow in flows:
+        shake = handshake(flow) if flow is not None else None
+        if flow is None or shake is None or flow.synack is None:
+            continue
+        hello.append((shake[0] - flow.synack) / 1e6)
+        after = next((t for t, opener, _ in flow.packets if opener and t > shake[1]), None)
+        if after is not None:
+            finished.append((after - shake[1]) / 1e6)
+    def q(values: list[float]) -> str:
+        return f"p50 {quantile(values, .5):.3f} max {max(values):.3f}" if values else "-"
+    return f"wire SYN-ACK -> ClientHello {q(hello)} ms; flight -> llmtap's Finished {q(finished)} ms"
+
+
 def tag_finder(prefix: str):
     needle = prefix.encode()
 
@@ -207,8 +269,10 @@ def ms(a: int | None, b: int | None) -> float | None:
     return None if a is None or b is None else (a - b) / 1e6
 
 
-def differences(row: dict, client: Exchange | None, up: Exchange | None) -> dict[str, float | None]:
-    """recorded − wire per column for one request (None where a side is missing)."""
+def differences(row: dict, client: Exchange | None, up: Exchange | None,
+                tls_flow: Flow | None = None) -> dict[str, float | None]:
+    """recorded − wire per column for one request (None where a side is missing). `tls_flow`: the
+    upstream connection of an https request (its bytes encrypted: no `up`)."""
     d: dict[str, float | None] = {c: None for c in COLUMNS}
 
     def diff(recorded: float | None, wire: float | None) -> float | None:
@@ -217,6 +281,13 @@ def differences(row: dict, client: Exchange | None, up: Exchange | None) -> dict
     if client is not None:
         d["ttft"] = diff(row["ttft_ms"], ms(client.token, client.sent))
         d["e2e"] = diff(row["e2e_ms"], ms(client.last, client.sent))
+    if tls_flow is not None and row.get("connection_reused") is False:  # the request that opened it
+        d["connect"] = diff(row["connect_ms"], ms(tls_flow.synack, tls_flow.syn))
+        if (shake := handshake(tls_flow)) is not None:
+            d["tls"] = diff(row["tls_ms"], ms(shake[1], shake[0]))
+            after = next((t for t, opener, _ in tls_flow.packets if opener and t > shake[1]), None)
+            d["wire_tls_parts"] = [ms(shake[0], tls_flow.synack), ms(shake[1], shake[0]), ms(after, shake[1]),
+                                   row["tls_ms"], row["proxy_wait_ms"]]  # --json only: for a look at one row
     if up is not None:
         if up.first_on_flow and row.get("connection_reused") is False:
             d["connect"] = diff(row["connect_ms"], ms(up.flow.synack, up.flow.syn))
@@ -243,18 +314,18 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def table(results: dict[tuple[str, int], list[dict]], sums: dict[tuple[str, int], list[float]]) -> str:
-    lines = [f"{'mode':<7}{'conc':>5}  {'column':<17}{'n':>4}{'p50':>9}{'|p99|':>9}{'max':>9}"
+    lines = [f"{'mode':<13}{'conc':>5}  {'column':<17}{'n':>4}{'p50':>9}{'|p99|':>9}{'max':>9}"
              "   (recorded − wire, ms: p50 signed, p99 of the size, max the largest in size, signed)"]
     for (mode, conc), diffs in results.items():
         for column in COLUMNS:
             values = [d[column] for d in diffs if d[column] is not None]
             if not values:
                 continue
-            lines.append(f"{mode:<7}{conc:>5}  {column:<17}{len(values):>4}{quantile(values, .5):>9.3f}"
+            lines.append(f"{mode:<13}{conc:>5}  {column:<17}{len(values):>4}{quantile(values, .5):>9.3f}"
                          f"{quantile([abs(v) for v in values], .99):>9.3f}{max(values, key=abs):>9.3f}")
         errors = sums[(mode, conc)]
         if errors:
-            lines.append(f"{mode:<7}{conc:>5}  {'sum (|parts-total|)':<17}{len(errors):>2}{'':>18}{max(errors):>9.6f}")
+            lines.append(f"{mode:<13}{conc:>5}  {'sum (|parts-total|)':<17}{len(errors):>2}{'':>18}{max(errors):>9.6f}")
     return "\n".join(lines)
 
 
@@ -298,28 +369,36 @@ def stop_capture(proc: subprocess.Popen) -> str:
     return ", ".join(line for line in err.decode().splitlines() if "packets" in line)
 
 
-async def run_mode(mode: str, args: argparse.Namespace, home: Path, env: dict[str, str],
+async def run_mode(scheme: str, mode: str, args: argparse.Namespace, home: Path, env: dict[str, str],
                    results: dict, sums: dict) -> None:
     new = mode == "new"
     up_port, px_port = free_port(), free_port()
     sim = ["mock-upstream", "--port", str(up_port), "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
            "--tokens", str(args.tokens), "--prefill-us-per-token", "0", "--headers-delay-ms", str(args.distance_ms)]
+    trust: list[str] = []
+    if scheme == "https":
+        ca = home / f"ca-{mode}.pem"
+        sim += ["--tls", "--tls-ca-file", str(ca)]
+        trust = ["--ca-bundle", str(ca)]
     procs = [start(args.code, sim + (["--no-keep-alive"] if new else []), env)]
-    procs.append(start(args.code, ["serve", "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}",
-                                   "--quiet"], env))
+    upstream = f"{scheme}://127.0.0.1:{up_port}"
+    await (wait_tls(upstream, ca) if trust else wait_ready(upstream))
+    procs.append(start(args.code, ["serve", "--port", str(px_port), "--upstream", upstream, "--quiet", *trust], env))
     base = f"http://127.0.0.1:{px_port}"
+    label = mode if scheme == "http" else f"{scheme} {mode}"
+    mode = mode if scheme == "http" else f"{scheme}{mode}"  # the tags' and the capture's names
     pcap = home / f"{mode}.pcap"
+    peers: dict[str, int] = {}
     spinners: list[subprocess.Popen] = []
     dump = None
     try:
-        await wait_ready(f"http://127.0.0.1:{up_port}")
         await wait_ready(base)
         dump = capture(pcap, [up_port, px_port])
         spinners = spin(args.spinners)
         tags: dict[int, list[str]] = {}
         for conc in args.concurrency:
             tags[conc] = [f"wt{mode}{conc}x{i}" for i in range(args.requests)]
-            await drive(base, tags[conc], conc, new)
+            await drive(base, tags[conc], conc, new, peers)
         for p in spinners:
             p.kill()
         spinners = []
@@ -331,15 +410,21 @@ async def run_mode(mode: str, args: argparse.Namespace, home: Path, env: dict[st
         flows = read_flows(pcap, {up_port, px_port})
         finder = tag_finder(f"wt{mode}")
         client = exchanges(flows, px_port, finder)
-        upstream = exchanges(flows, up_port, finder)
+        upstream = exchanges(flows, up_port, finder) if scheme == "http" else {}
+        tls_flows = {tag: flows.get((port, up_port)) for tag, port in peers.items()} if scheme == "https" else {}
         holes = sum(v is None for v in client.values()) + sum(v is None for v in upstream.values())
         if holes:
             print(f"{mode}: {holes} exchanges with bytes the capture missed, left out", file=sys.stderr)
         for conc in args.concurrency:
             recorded = await rows(base, f"wt{mode}{conc}x", len(tags[conc]))
-            key = (mode, conc)
-            results[key] = [differences(recorded[t], client.get(t), upstream.get(t)) for t in tags[conc] if t in recorded]
+            key = (label, conc)
+            results[key] = [differences(recorded[t], client.get(t), upstream.get(t), tls_flows.get(t))
+                            for t in tags[conc] if t in recorded]
             sums[key] = [e for t in tags[conc] if t in recorded and (e := sum_error(recorded[t])) is not None]
+            if scheme == "https":  # llmtap's own waits in the handshake, on the wire alone
+                print(f"{label} c={conc}: " + lateness([tls_flows.get(t) for t in tags[conc] if t in recorded
+                                                        and recorded[t].get("connection_reused") is False]),
+                      file=sys.stderr)
             missing = len(tags[conc]) - len(recorded)
             if missing:
                 print(f"{mode} c={conc}: {missing} rows missing", file=sys.stderr)
@@ -362,6 +447,8 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=48, help="per concurrency and mode (at most 500)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--modes", nargs="+", default=["new", "reused"], choices=["new", "reused"])
+    parser.add_argument("--schemes", nargs="+", default=["http", "https"], choices=["http", "https"],
+                        help="the upstream's: https runs `mock-upstream --tls` (needs trustme)")
     parser.add_argument("--spinners", type=int, default=2, help="busy processes loading the machine")
     parser.add_argument("--distance-ms", type=float, default=10, help="the upstream's hold before its headers")
     parser.add_argument("--ttft-ms", type=float, default=20)
@@ -377,8 +464,9 @@ async def main() -> None:
            "LLMTAP_ADMIN_TOKEN": ADMIN["X-Llmtap-Admin-Token"]}
     results: dict[tuple[str, int], list[dict]] = {}
     sums: dict[tuple[str, int], list[float]] = {}
-    for mode in args.modes:
-        await run_mode(mode, args, home, env, results, sums)
+    for scheme in args.schemes:
+        for mode in args.modes:
+            await run_mode(scheme, mode, args, home, env, results, sums)
     print(f"code: {args.code}  load: {os.getloadavg()[0]:.1f}  requests per cell: {args.requests}")
     print(table(results, sums))
     if args.json:

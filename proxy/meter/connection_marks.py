@@ -9,8 +9,8 @@ class ConnectionMarks:
     (proxy/relay/conn_timing.py says which hook marks which). `parts` makes them the breakdown columns;
     docs/breakdown-and-compare.md defines each."""
 
-    __slots__ = ("tls", "start", "dns_start", "dns_end", "sock", "tcp_end", "handshake", "ready", "sending",
-                 "answered", "reused")
+    __slots__ = ("tls", "start", "dns_start", "dns_end", "sock", "tcp_end", "handshake", "hello", "flight", "ready",
+                 "sending", "answered", "reused")
 
     def __init__(self, tls: bool) -> None:
         self.tls = tls  # an https upstream: a new connection has a TLS handshake
@@ -25,6 +25,8 @@ class ConnectionMarks:
         self.sock: int | None = None  # a TCP connect began
         self.tcp_end: int | None = None  # TCP connected (through a forward proxy: its tunnel too)
         self.handshake: int | None = None  # ns, the kernel's SYN -> SYN-ACK (TCP_INFO), where it has it
+        self.hello: int | None = None  # the TLS handshake began: llmtap's ClientHello was about to leave
+        self.flight: int | None = None  # the upstream's TLS 1.3 flight (ServerHello ... Finished) in the kernel
         self.ready: int | None = None  # a connection to send on: a pooled one taken, or a new one up
         self.sending: int | None = None  # the request's write, where it came after a loop turn
         self.answered: int | None = None  # the response's first byte, by the kernel's receive time
@@ -52,6 +54,11 @@ class ConnectionMarks:
 
         - of `connect`, all but the kernel's SYN -> SYN-ACK (`handshake`): the socket waiting for its
           SYN to leave, and the connection, once up, waiting for llmtap to notice;
+        - of `tls`, the time from the TCP connection up to the TLS handshake's start (`hello`: the
+          loop turn before the ClientHello is written), and from the upstream's TLS 1.3 flight
+          reaching the kernel (`flight`: its ServerHello ... Finished, the handshake's last bytes from
+          the upstream) to the connection ready: the flight waiting to be read, llmtap's own TLS work
+          (verifying the certificate, its Finished), and aiohttp handing the connection over;
         - of `upstream_wait`, the time from the connection ready to the request's write
           (`sending`: aiohttp writes it from a task of its own, a loop turn later), and from the
           response's first byte in the kernel (`answered`) to llmtap having the headers: the bytes
@@ -64,6 +71,13 @@ class ConnectionMarks:
             wire = min(connect, max(self.handshake / 1e6, 0.0))
             own, connect = connect - wire, wire
         ready = self.ready
+        tcp_end = self.tcp_end
+        if tls is not None and not self.reused and tcp_end is not None and ready is not None:
+            begin = self.hello if self.hello is not None and tcp_end <= self.hello <= ready else tcp_end
+            end = self.flight if self.flight is not None and begin <= self.flight <= ready else ready
+            if begin != tcp_end or end != ready:
+                wire = _ms(end, begin) or 0.0
+                own, tls = (own or 0.0) + (tls - wire), wire
         if upstream_wait is None or headers is None or ready is None:
             return pool_wait, dns, connect, tls, upstream_wait, own
         begin = self.sending if self.sending is not None and ready <= self.sending <= headers else ready

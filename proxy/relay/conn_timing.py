@@ -20,6 +20,23 @@ moments they mark:
   handshake: `TCP_INFO`'s `tcpi_rtt` (µs), which on a connection that has carried nothing yet is
   the SYN -> SYN-ACK round trip (`handshake`; none after a retransmitted SYN, or through a
   forward proxy, whose tunnel carried data);
+- for a TLS connection, the handshake's start (`hello`: the ClientHello made, as the first
+  `do_handshake` returns: `TimedSSLObject`, the client context's public `sslobject_class`; else the
+  loop turn on which the transport writes it, a callback queued just before its own), and the
+  upstream's first flight by the kernel's receive time (`flight`, `_FlightWatch`): from the
+  protocol factory, a duplicate of the socket is watched and its first waiting byte peeked with
+  `recvmsg` (`rx_stamp.first_stamp`), kept only if nothing had been read from the connection yet
+  (TCP_INFO's bytes received = the bytes waiting: so it is the ServerHello's) and the handshake
+  was TLS 1.3 (whose first flight from the upstream ends it: ServerHello ... Finished). The loop's
+  watch (`loop.add_reader`) is added two loop turns on, after the transport's own, so that the
+  kernel, which wakes a socket's watchers newest first, wakes it first; until then the connection
+  is held unreadable (its receive low-water mark at 16 kB, `SO_RCVLOWAT`, only where the receive
+  buffer is 4 times that, so that Linux neither grows it nor clamps the window) and a flight that
+  came meanwhile is peeked as the watch is made; a thread in an epoll of its own peeks too (for a
+  loop too busy to turn). The cost: a flight that comes within those two loop turns is read up to
+  two turns later than it would have been; one duplicate descriptor per handshake under way.
+  Without it (not Linux, `LLMTAP_NO_RX_STAMP=1`, the transport read first, TLS 1.2), `tls_ms`
+  ends when the connection is ready, llmtap's own TLS work included;
 - the response's first byte, by the kernel's receive time (`answered`): the connection handed out
   for a plain-http request reads its next bytes through `rx_stamp.RxStamp` until they come
   (`settle`, called by the relay once the headers are in, lets go of it in any case).
@@ -37,8 +54,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import select
 import socket
+import ssl
 import struct
+import threading
 import weakref
 from contextvars import ContextVar
 from time import perf_counter_ns
@@ -48,6 +69,11 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 
 from proxy.relay import rx_stamp
+
+try:
+    import fcntl
+except ImportError:  # not a Unix: no flight stamps
+    fcntl = None  # type: ignore[assignment]
 from proxy.meter.connection_marks import ConnectionMarks
 
 # The marks of the request whose connection the current task is getting (set by the relay).
@@ -59,6 +85,11 @@ _OPENING: ContextVar[socket.socket | None] = ContextVar("llmtap_opening", defaul
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _TCP_INFO_LEN = 104  # struct tcp_info up to tcpi_total_retrans
 _TCP_INFO_SENT = 160  # ... up to tcpi_data_segs_out
+_TCP_INFO_RECEIVED = 136  # ... up to tcpi_bytes_received
+_FIONREAD = 0x541B  # Linux's SIOCINQ: the bytes waiting unread
+# A TLS connection's watch for the upstream's first flight (`_FlightWatch`), by its marks' id, until
+# the connector's `connect` returns or fails.
+_FLIGHTS: dict[int, "_FlightWatch"] = {}
 
 
 class TimedResolver(AbstractResolver):
@@ -118,6 +149,9 @@ class TimedConnector(aiohttp.TCPConnector):
         super().__init__(resolver=self.resolver, **kwargs)
         self._seen: weakref.WeakSet[Any] = weakref.WeakSet()  # the protocols of connections handed out
         self.hooked = hook_tcp and _time_tcp_connects(self)  # health says it (proxy/relay/fast_paths.py)
+        context = kwargs.get("ssl")
+        if self.hooked and isinstance(context, ssl.SSLContext) and context.sslobject_class is ssl.SSLObject:
+            context.sslobject_class = TimedSSLObject  # its public hook: the ClientHello's moment
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         marks = CURRENT.get()
@@ -129,7 +163,13 @@ class TimedConnector(aiohttp.TCPConnector):
         except BaseException:  # no pooled connection, and a new one failed
             marks.reused = False
             raise
+        finally:
+            watch = _FLIGHTS.pop(id(marks), None)
+            if watch is not None:
+                watch.close()
         marks.ready = perf_counter_ns()
+        if marks.flight is not None and not _tls13(conn.transport):
+            marks.flight = None  # TLS 1.2: the upstream's first flight is not the handshake's end
         protocol = conn.protocol
         marks.reused = protocol in self._seen
         if not marks.reused and protocol is not None:
@@ -139,6 +179,218 @@ class TimedConnector(aiohttp.TCPConnector):
         reader = _stamp_answer(conn, marks)
         _stamp_sending(conn, marks, reader)
         return conn
+
+
+class TimedSSLObject(ssl.SSLObject):
+    """The client context's `sslobject_class` (what `wrap_bio` makes, as asyncio's and uvloop's TLS
+    do): the first `do_handshake`, which makes the ClientHello, stamps `hello` as it returns; the
+    transport writes the ClientHello right after (llmtap's work making it, a key share, is its own)."""
+
+    def do_handshake(self) -> None:
+        marks = CURRENT.get() if not getattr(self, "_llmtap_begun", False) else None
+        try:
+            super().do_handshake()
+        finally:
+            if marks is not None:
+                self._llmtap_begun = True
+                if marks.ready is None:
+                    marks.hello = perf_counter_ns()
+
+
+def _tls13(transport: Any) -> bool:
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    try:
+        return ssl_object is not None and ssl_object.version() == "TLSv1.3"
+    except (AttributeError, ValueError):
+        return False
+
+
+class _FlightWatch:
+    """Stamps `marks.flight`: the kernel's receive time of the first bytes the upstream sends on a
+    new TLS connection, peeked on a duplicate of its socket when they come (module docstring), by
+    whichever of two watchers gets there before the transport reads them: the loop's (woken before
+    the transport's own, when it is in place before they come) and `_Peeker`'s thread (which needs
+    no turn of the loop: a busy loop reads them late)."""
+
+    __slots__ = ("_loop", "_sock", "_marks", "_watching", "_lock", "_gated")
+
+    def __init__(self, sock: socket.socket, marks: ConnectionMarks) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._marks = marks
+        self._watching = False
+        self._lock = threading.Lock()  # the peek against the close (the thread's peek)
+        self._sock: socket.socket | None = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, rx_stamp.SO_TIMESTAMPNS, 1)
+        except OSError:
+            self._sock.close()
+            raise
+        # Until this watch is in the loop's epoll, the connection is held unreadable: its low-water
+        # mark raised to GATE bytes (more than a first flight), which the kernel lets down at once
+        # when lowered again (`_ungate`, two loop turns on, or `close`).
+        self._gated = _gate(self._sock)
+        _Peeker.watch(self)
+        # The transport is made once this factory returns; on the next loop turn it writes the
+        # ClientHello (from a callback queued right after this one: `_hello` stamps its moment) and
+        # starts reading. A turn later, with the transport's own watch in the loop's epoll, this one's
+        # is added: the kernel wakes a socket's watchers newest first, so this one before it. A
+        # flight that came before is held unread by the low-water mark: peeked when the watch is
+        # made, and again a turn later, when the mark goes down.
+        self._loop.call_soon(self._hello)
+
+    def fileno(self) -> int:
+        return self._sock.fileno() if self._sock is not None else -1
+
+    def _hello(self) -> None:
+        if self._marks.hello is None:  # else TimedSSLObject's, nearer the ClientHello
+            self._marks.hello = perf_counter_ns()
+        self._loop.call_soon(self._watch)
+
+    def _watch(self) -> None:
+        if self._sock is None:
+            return
+        self.peek()  # the flight already waiting (the process was not running): the loop has not polled since
+        if self._marks.flight is not None:
+            self.close()
+            return
+        try:
+            self._loop.add_reader(self._sock.fileno(), self._ready)
+            self._watching = True
+        except (OSError, RuntimeError, NotImplementedError, ValueError):
+            self._ungate()
+            return
+        self._loop.call_soon(self._open)
+
+    def _open(self) -> None:
+        """The watch is in the loop's epoll now: a flight held meanwhile is peeked, then let go."""
+        self.peek()
+        self._ungate()
+        if self._marks.flight is not None:
+            self.close()
+
+    def _ungate(self) -> None:
+        if self._gated and self._sock is not None:
+            self._gated = False
+            _ungate(self._sock)
+
+    def _ready(self) -> None:
+        self.peek()
+        self.close()
+
+    def peek(self) -> None:
+        """The stamp of the first bytes waiting, if none has been read yet (any thread)."""
+        with self._lock:
+            sock = self._sock
+            if sock is not None and self._marks.flight is None and _unread_is_all(sock):
+                self._marks.flight = rx_stamp.first_stamp(sock)
+
+    def close(self) -> None:
+        """Stop watching (the loop's thread): `connect` returned or failed, or the loop's watch fired."""
+        self._ungate()
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if self._watching:
+            self._watching = False
+            try:
+                self._loop.remove_reader(sock.fileno())
+            except (OSError, RuntimeError, ValueError):
+                pass
+        _Peeker.unwatch(sock.fileno())
+        sock.close()
+
+
+class _Peeker:
+    """One daemon thread, started with the first TLS connection, waiting in an epoll of its own on
+    the sockets of the TLS handshakes under way; it peeks at each one's first bytes as they come."""
+
+    _lock = threading.Lock()
+    _epoll: Any = None
+    _watches: dict[int, _FlightWatch] = {}
+
+    @classmethod
+    def watch(cls, watch: _FlightWatch) -> None:
+        with cls._lock:
+            try:
+                if cls._epoll is None:
+                    cls._epoll = select.epoll()
+                    threading.Thread(target=cls._run, args=(cls._epoll,), name="llmtap-tls-flight", daemon=True).start()
+                cls._epoll.register(watch.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+                cls._watches[watch.fileno()] = watch
+            except (OSError, RuntimeError, ValueError, AttributeError):
+                pass  # no thread, or no epoll here: the loop's watch alone
+
+    @classmethod
+    def unwatch(cls, fd: int) -> None:
+        with cls._lock:
+            if cls._watches.pop(fd, None) is not None:
+                try:
+                    cls._epoll.unregister(fd)
+                except (OSError, ValueError):
+                    pass
+
+    @classmethod
+    def forget(cls) -> None:
+        """In a forked child: the parent's thread is not there (a new one starts with the next watch)."""
+        cls._lock = threading.Lock()
+        cls._epoll, cls._watches = None, {}
+
+    @classmethod
+    def _run(cls, epoll: Any) -> None:
+        while True:
+            try:
+                events = epoll.poll()
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                return
+            for fd, _ in events:
+                with cls._lock:
+                    watch = cls._watches.get(fd)
+                if watch is not None:
+                    watch.peek()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Peeker.forget)
+
+
+GATE = 16 * 1024  # bytes: more than a TLS 1.3 first flight (a few kB with its certificates)
+
+
+def _gate(sock: socket.socket) -> bool:
+    """Raise the connection's receive low-water mark to GATE: no watcher hears of fewer bytes
+    waiting. Only where the receive buffer is at least 4 x GATE: a mark over a quarter of it would
+    make Linux grow the buffer and clamp the connection's window to the mark for good."""
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < 4 * GATE:
+            return False
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATE)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def _ungate(sock: socket.socket) -> None:
+    """The low-water mark back to 1 byte; the kernel wakes the connection's readers if bytes wait."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    except OSError:
+        pass
+
+
+def _unread_is_all(sock: socket.socket) -> bool:
+    """Whether every byte the connection has received is still waiting unread (and there are some)."""
+    info = _tcp_info(sock, _TCP_INFO_RECEIVED)
+    if info is None or fcntl is None:
+        return False
+    (received,) = struct.unpack_from("Q", info, 128)
+    try:
+        waiting = struct.unpack("i", fcntl.ioctl(sock.fileno(), _FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return False
+    return received > 0 and waiting == received
 
 
 def _segments_out(transport: Any, reader: rx_stamp.RxStamp | None = None) -> int | None:
@@ -222,8 +474,14 @@ def _time_tcp_connects(connector: aiohttp.BaseConnector) -> bool:
         marks = CURRENT.get()
         if marks is not None:
             marks.tcp_end = perf_counter_ns()
-            marks.handshake = handshake_ns(_OPENING.get())
+            sock = _OPENING.get()
+            marks.handshake = handshake_ns(sock)
             _OPENING.set(None)
+            if marks.tls and sock is not None and rx_stamp.AVAILABLE and id(marks) not in _FLIGHTS:
+                try:
+                    _FLIGHTS[id(marks)] = _FlightWatch(sock, marks)
+                except (OSError, RuntimeError, ValueError):
+                    pass
         return factory()
 
     connector._factory = timed_factory  # type: ignore[assignment]

@@ -90,6 +90,16 @@ def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
+def first_stamp(sock: socket.socket) -> int | None:
+    """The kernel's time (monotonic clock) of the first byte waiting unread on `sock` (which asks
+    for stamps: SO_TIMESTAMPNS), nothing read; None without one."""
+    try:
+        first, ancillary, _, _ = sock.recvmsg(1, _ANCILLARY, _PEEK)
+    except (OSError, AttributeError, ValueError):
+        return None
+    return _stamp(ancillary) if first else None
+
+
 # The kernel stamps a received segment only while some socket of the machine asks for stamps; a
 # socket asking after its bytes came gets none for them. This one asks for the process's life, so
 # a request already waiting when its connection is accepted has its stamp (the cost: one clock

@@ -70,6 +70,15 @@ async def _keep_alive_or_close(request: web.Request, response: web.StreamRespons
         response.headers["Connection"] = "close"  # the headers are made before this hook runs
 
 
+async def _echo_peer(request: web.Request, response: web.StreamResponse) -> None:
+    """A request with `x-sim-echo-peer: 1` gets `x-sim-peer`: the port its connection came from
+    (which connection carried it, for a capture of encrypted traffic: benchmarks/wire_truth.py)."""
+    if request.headers.get("x-sim-echo-peer") == "1":
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if peer:
+            response.headers["x-sim-peer"] = str(peer[1])
+
+
 async def _close_websockets(app: web.Application) -> None:
     for ws in list(app[STATE].websockets):
         await ws.close()
@@ -81,6 +90,7 @@ def make_simulator_app(config: SimConfig | None = None, *, record: bool = True) 
     app[STATE] = SimState(config or SimConfig(), record=record)
     app.on_shutdown.append(_close_websockets)
     app.on_response_prepare.append(_keep_alive_or_close)
+    app.on_response_prepare.append(_echo_peer)
     app.router.add_route("HEAD", "/", _ok)
     app.router.add_route("HEAD", "/api/hello", _ok)
     app.router.add_post("/v1/chat/completions", openai_chat.handle)
