@@ -33,6 +33,7 @@ class Filters:
     models: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()  # request kinds (proxy/meter/request_kind.py); () is every kind
+    conditions: tuple[str, ...] = ()  # more SQL conditions, AND-ed, already quoted (the web UI's session, outcome)
 
     def where(self, prefix: str = "") -> str:
         """A WHERE condition over the `requests` view (`prefix` is a table alias with its dot)."""
@@ -45,4 +46,5 @@ class Filters:
                                ("kind", self.kinds)):
             if values:
                 terms.append(f"{prefix}{column} IN ({', '.join(sql_string(v) for v in values)})")
+        terms += [f"({condition})" for condition in self.conditions]
         return " AND ".join(terms) or "TRUE"

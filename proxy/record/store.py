@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -537,6 +537,48 @@ class Store:
         finally:
             if stop is not None:
                 stop.detach()
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
+
+    @contextlib.contextmanager
+    def reader(self, stop: QueryStop | None = None, max_rows: int = 100_000, *,
+               max_bytes: int | None = None) -> Iterator[Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]]:
+        """Several read-only statements on one cursor, in one READ ONLY transaction (one snapshot), the
+        views set up once: `with store.reader(stop) as query: query("SELECT ...")`, each statement checked
+        and capped as `query()`'s (for the web UI's API, whose one answer takes a few statements)."""
+        with self._con_lock:
+            if self._con is None:
+                raise StoreError("the database is not open (it is reopened after a write error; try again)")
+            cur = self._con.cursor()
+        try:
+            if stop is not None:
+                stop.attach(cur)
+            if self.query_setup is not None:
+                self.query_setup(cur)
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+
+            def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+                try:
+                    sql_filter.check(sql, cur)
+                    if stop is not None:
+                        stop.check()
+                    cur.execute(sql)
+                    description = cur.description or []
+                    rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
+                except sql_filter.Refused as exc:
+                    raise StoreError(str(exc)) from None
+                except duckdb.Error as exc:
+                    if stop is not None and stop.reason is not None:
+                        raise QueryStopped(stop.reason) from None
+                    raise StoreError(str(exc)) from exc
+                return [d[0] for d in description], [str(d[1]) for d in description], rows
+
+            yield query
+        finally:
+            if stop is not None:
+                stop.detach()
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
             with contextlib.suppress(duckdb.Error):
                 cur.close()
 

@@ -13,6 +13,7 @@ from proxy.relay.body_budget import BodyBudget
 from proxy.settings.config import ServeConfig
 from proxy.relay.fast_paths import FastPaths, probe
 from proxy.relay.guard import Guard
+from proxy.relay.ui_doors import Tickets
 from proxy.observe.looplag import LoopLag
 from proxy.record.recorder import Recorder, log_observer
 from proxy.settings.routes import RouteTable
@@ -39,6 +40,9 @@ class ProxyState:
     workers: Any = None
     admin_relay: Any = None
     admin_sql: Any = None  # proxy.record.admin_sql.AdminSql: the admin endpoint's query threads (with a store)
+    # the web UI, from the composition root (analysis/web/: .asset(path), .endpoint(name)); None: no UI
+    ui: Any = None
+    ui_tickets: Tickets = field(default_factory=Tickets)  # `llmtap ui`'s one-time logins (proxy/relay/ui_doors.py)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)

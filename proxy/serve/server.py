@@ -74,17 +74,20 @@ class RunningProxy:
     """`async with RunningProxy(config) as proxy:` serves on `proxy.url` until the block ends."""
 
     default_query_setup: QuerySetup | None = None  # for callers that give none (the tests give the views)
+    default_ui: Any = None  # the same for the web UI (analysis/web/), for callers that give none
 
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
-                 worker: tuple[str, str | None] | None = None) -> None:
+                 worker: tuple[str, str | None] | None = None, ui: Any = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
         proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/).
 
         `reuse_port`: listen with SO_REUSEPORT, beside the other processes of `serve --workers N`.
         `worker`: this is one of those workers (proxy/serve/workers.py), given the primary's admin token
         and client key: it relays and measures, and its rows go to the primary, which alone has the
-        database, the metrics and the exporters."""
+        database, the metrics and the exporters.
+        `ui`: the web UI under /_llmtap/ui/ and /_llmtap/api/ (analysis/web/, from the composition root);
+        a worker has none: the primary answers its /_llmtap/ requests."""
         self.config = config
         self.reuse_port = reuse_port
         self.is_worker = worker is not None
@@ -113,6 +116,8 @@ class RunningProxy:
         self.runner: web.AppRunner | None = None
         self.port = config.port
         self.listening: list[str] = []  # the addresses it listens on
+        if self.store is not None and worker is None:
+            self.state.ui = ui or self.default_ui
         if worker is not None:
             return  # a worker's observers: its rows' shipper (proxy/serve/workers.py), nothing else
         if config.update_prices:
