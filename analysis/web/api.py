@@ -41,7 +41,7 @@ LIST_COLUMNS = ("id", "started_at", "tool", "request_model", "kind", "outcome", 
                 "tpot_ms", "e2e_ms", "input_tokens", "output_tokens", "cost_usd", "session_id", "tag", "error_type",
                 "error_message")
 SORTABLE = frozenset(LIST_COLUMNS) - {"error_message"}
-FACETS = ("request_model", "tool", "tag", "kind", "outcome", "session_id")
+FACETS = ("request_model", "tool", "tag", "session_id")
 FACET_VALUES = 50
 MAX_SESSIONS = 200  # the newest sessions listed
 RATELIMIT_PREFIX = "ratelimit_"
@@ -255,11 +255,12 @@ def compare(query: Query, params: Params, rest: str) -> Answer:
 def facets(query: Query, params: Params, rest: str) -> Answer:
     """The busiest values of each filter's column in the window (for the pages' choices)."""
     where = replace(filters_of(params), models=(), tools=(), tags=(), kinds=(), conditions=()).where()
-    out: dict[str, Any] = {}
-    for column in FACETS:
-        rows = query(f"SELECT {column}, count(*) AS n FROM requests WHERE {where} AND {column} IS NOT NULL"
-                     f" GROUP BY 1 ORDER BY n DESC, 1 LIMIT {FACET_VALUES}")[2]
-        out[column] = [value for value, _ in rows]
+    union = " UNION ALL ".join(
+        f"(SELECT '{column}' AS facet, CAST({column} AS VARCHAR) AS value, count(*) AS n FROM requests"
+        f" WHERE {where} AND {column} IS NOT NULL GROUP BY 2 ORDER BY n DESC, 2 LIMIT {FACET_VALUES})" for column in FACETS)
+    out: dict[str, Any] = {column: [] for column in FACETS}
+    for facet, value, _ in query(f"SELECT * FROM ({union}) ORDER BY facet, n DESC, value")[2]:
+        out[facet].append(value)
     out["kinds"], out["outcomes"] = list(KINDS), [o.value for o in Outcome]
     out["compare_by"] = ["model", "tool", "route", "upstream_host", "tag", "key", "dialect"]
     out["report_by"] = list(report_mod.GROUPINGS)

@@ -32,6 +32,7 @@ from proxy.record.batch import BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
 from proxy.common.terminal_text import stderr_line
 
+READER_SETUP_S = 10.0  # a reader cursor's views (and the prices in them) are made again after this
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
@@ -142,6 +143,7 @@ class Store:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._cur: duckdb.DuckDBPyConnection | None = None
         self._con_lock = threading.Lock()  # cursor() and close() on the shared connection
+        self._readers = threading.local()  # each admin SQL thread's reader cursor (`reader`)
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -546,15 +548,11 @@ class Store:
         """Several read-only statements on one cursor, in one READ ONLY transaction (one snapshot), the
         views set up once: `with store.reader(stop) as query: query("SELECT ...")`, each statement checked
         and capped as `query()`'s (for the web UI's API, whose one answer takes a few statements)."""
-        with self._con_lock:
-            if self._con is None:
-                raise StoreError("the database is not open (it is reopened after a write error; try again)")
-            cur = self._con.cursor()
+        cur = self._reader_cursor()
+        ok = False
         try:
             if stop is not None:
                 stop.attach(cur)
-            if self.query_setup is not None:
-                self.query_setup(cur)
             cur.execute("BEGIN TRANSACTION READ ONLY")
 
             def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
@@ -574,13 +572,36 @@ class Store:
                 return [d[0] for d in description], [str(d[1]) for d in description], rows
 
             yield query
+            ok = True
         finally:
             if stop is not None:
                 stop.detach()
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
+            if not ok:  # a failed or stopped one is not kept: the next reader starts afresh
+                self._readers.cursor = None
+                with contextlib.suppress(duckdb.Error):
+                    cur.close()
+
+    def _reader_cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's reader cursor, its views set up at most every READER_SETUP_S (creating them
+        takes ~90 ms on a big database: more than a page's query itself)."""
+        with self._con_lock:
+            con = self._con
+            if con is None:
+                raise StoreError("the database is not open (it is reopened after a write error; try again)")
+            kept = getattr(self._readers, "cursor", None)
+            if kept is not None and kept[1] is con and time.monotonic() - kept[2] < READER_SETUP_S:
+                return kept[0]
+            cur = con.cursor()
+        if kept is not None:
             with contextlib.suppress(duckdb.Error):
-                cur.close()
+                kept[0].close()
+        self._readers.cursor = None
+        if self.query_setup is not None:
+            self.query_setup(cur)
+        self._readers.cursor = (cur, con, time.monotonic())
+        return cur
 
     def _run_query(
         self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,
