@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from proxy.common.terminal_text import printable
-from proxy.meter.meter import MAX_EVENTS_KEPT
 
 from analysis.filters import sql_string
 from analysis.formatting import cell, dumps, fmt_ms, short_ids
@@ -83,8 +82,8 @@ def chunks_of(source: Source, row: dict[str, Any]) -> list[dict[str, Any]]:
     (proxy/record/store.py appends each request's whole), in about the order the requests started;
     so on a big table, rather than scan every row for its id (400 ms at 15M rows), read a window of
     row ids around where its run should be (DuckDB skips the other row groups), widening it until
-    it holds a run of the rows the request's `output_events` says it has (MAX_EVENTS_KEPT and the
-    last, past the cap); else (rows written otherwise, or no count), the whole table."""
+    it holds one run of as many rows as the request's `output_events`; else (rows written otherwise, no
+    count, or a stream past the meter's cap of kept events, which keeps fewer rows), the whole table."""
     where = f"request_id = {sql_string(row['id'])}"
     events, started = row.get("output_events"), row.get("started_at")
     if events is not None and started is not None:
@@ -110,8 +109,7 @@ def _windowed(source: Source, where: str, started: Any, total: int, events: int)
                                         f" WHERE rowid BETWEEN {low} AND {high} AND {where} ORDER BY row_number")
         if rows:
             first, last, n = rows[0][0], rows[-1][0], len(rows)
-            whole = n == events if events <= MAX_EVENTS_KEPT else n > MAX_EVENTS_KEPT
-            if whole and last - first + 1 == n and (low == 0 or first > low) and last < high:
+            if n == events and last - first + 1 == n and (low == 0 or first > low) and last < high:
                 return sorted((dict(zip(columns[1:], r[1:])) for r in rows), key=lambda c: c["seq"])
             if last - first + 1 != n:
                 return None  # not one run: written some other way

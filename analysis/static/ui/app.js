@@ -154,7 +154,6 @@
   function livePage() {
     var inflight = h("tbody");
     var finished = h("tbody");
-    var seen = [];
     show(h("h1", null, "Live"),
       h("p", { "class": "muted" }, "Requests in flight (updated four times a second) and the last " + FINISHED_KEPT +
         " finished, newest first. Batched: one update per tick, never one per chunk."),
@@ -167,6 +166,19 @@
         h("thead", null, h("tr", null, ["started (UTC)", "id", "model", "tool", "kind", "outcome", "status", "TTFT",
           "E2E", "out tokens"].map(function (c, i) { return h("th", { scope: "col", "class": i > 6 ? "num" : null }, c); }))),
         finished)));
+    function finishedRow(r) {
+      return h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
+        cell(r.started, when(r.started)), h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
+        cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
+        cell(r.outcome, r.outcome), cell(r.status, r.status == null ? "–" : r.status),
+        cell(r.ttft_ms, ms(r.ttft_ms), "num"), cell(r.e2e_ms, ms(r.e2e_ms), "num"),
+        cell(r.output_tokens, count(r.output_tokens), "num"));
+    }
+    // the last ones recorded, until the feed brings newer (the feed has only what finishes from now on)
+    get("requests", { limit: 20 }).then(function (d) {
+      if (finished.children.length) return;
+      d.rows.forEach(function (r) { add(finished, finishedRow(Object.assign({}, r, { started: r.started_at }))); });
+    }).catch(function () {});
     live = new EventSource("/_llmtap/live");
     live.addEventListener("tick", function (event) {
       var tick = JSON.parse(event.data);
@@ -180,14 +192,8 @@
       });
       if (!tick.inflight.length) add(inflight, h("tr", null, h("td", { colspan: 8, "class": "muted" }, "nothing in flight")));
       tick.finished.forEach(function (r) {
-        var row = h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
-          cell(r.started, when(r.started)), h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
-          cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
-          cell(r.outcome, r.outcome), cell(r.status, r.status == null ? "–" : r.status),
-          cell(r.ttft_ms, ms(r.ttft_ms), "num"), cell(r.e2e_ms, ms(r.e2e_ms), "num"),
-          cell(r.output_tokens, count(r.output_tokens), "num"));
+        var row = finishedRow(r);
         finished.insertBefore(row, finished.firstChild);
-        seen.push(row);
       });
       while (finished.children.length > FINISHED_KEPT) finished.removeChild(finished.lastChild);
       var lag = tick.loop_lag || {};
