@@ -193,6 +193,8 @@
       if (!tick.inflight.length) add(inflight, h("tr", null, h("td", { colspan: 8, "class": "muted" }, "nothing in flight")));
       tick.finished.forEach(function (r) {
         var row = finishedRow(r);
+        var shown = finished.querySelector('tr[data-id="' + CSS.escape(r.id) + '"]');  // one seeded at load
+        if (shown) finished.removeChild(shown);
         finished.insertBefore(row, finished.firstChild);
       });
       while (finished.children.length > FINISHED_KEPT) finished.removeChild(finished.lastChild);
