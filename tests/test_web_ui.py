@@ -384,3 +384,22 @@ async def test_the_keyboard_reaches_every_control(world: World) -> None:
     await b.evaluate("document.querySelector('th button[data-sort=ttft_ms]').focus(); 1")
     await b.press("Enter", 13)  # a sort is a button: Enter works it
     await b.wait_for("location.hash.includes('sort=ttft_ms')")
+
+
+async def test_a_cookie_is_good_for_its_token_and_its_hours_only() -> None:
+    from proxy.relay import ui_doors
+
+    issued = 1_800_000_000.0
+    cookie = ui_doors.make_cookie("token-a", now=issued)
+    assert ui_doors.cookie_valid(cookie, "token-a", now=issued + 60)
+    assert not ui_doors.cookie_valid(cookie, "token-b", now=issued + 60)  # a restart's new token ends it
+    assert not ui_doors.cookie_valid(cookie, "token-a", now=issued + ui_doors.COOKIE_S + 1)
+    version, when, nonce, mac = cookie.split(".")
+    assert not ui_doors.cookie_valid(f"{version}.{int(when) + 3600}.{nonce}.{mac}", "token-a", now=issued + 60)
+    assert not ui_doors.cookie_valid("", "token-a") and not ui_doors.cookie_valid(cookie, "")
+    tickets = ui_doors.Tickets()
+    ticket = tickets.issue()
+    assert tickets.redeem(ticket) and not tickets.redeem(ticket) and not tickets.redeem("")
+    for _ in range(ui_doors.MAX_TICKETS + 1):
+        tickets.issue()
+    assert len(tickets._open) == ui_doors.MAX_TICKETS  # unused ones are bounded
