@@ -154,14 +154,20 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
 @click.option("--quick", is_flag=True, help="Tiny counts and short streams: checks that it runs, nothing more.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write every figure here.")
 @click.option("--keep", is_flag=True, help="Keep the temp dir with the processes' logs.")
+@click.option("--page", is_flag=True, help="Also time llmtap's concurrent streams with and without a web UI page's "
+              "live feed open (CPU per chunk, each round's ratio).")
 @click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="One more column: llmtap (measuring) from this source tree, e.g. a git worktree of main.")
 def main(rounds: int | None, streams: int | None, open_streams: int | None, seconds: float | None, loader: str,
+<<<<<<< HEAD
          no_nginx: bool, no_caddy: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None) -> None:
+=======
+         no_nginx: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None, page: bool) -> None:
+>>>>>>> ui
     """Measure llmtap's own cost against direct, relay-only and nginx."""
     p = QUICK if quick else Params()
     p = replace(p, **{k: v for k, v in {"rounds": rounds, "streams": streams, "open_streams": open_streams,
-                                        "seconds": seconds}.items() if v is not None})
+                                        "seconds": seconds}.items() if v is not None}, page=page)
     if loader == "auto":
         loader = "wrk" if shutil.which("wrk") else "aiohttp"
     elif loader == "wrk" and not shutil.which("wrk"):
@@ -190,6 +196,12 @@ def main(rounds: int | None, streams: int | None, open_streams: int | None, seco
     click.echo("direct: as measured; relays: added over direct (+) where signed\n")
     click.echo(table(result["medians"], {"streams": p.streams, "connections": p.connections,
                                          "open_streams": p.open_streams}, result["rounds"]))
+    if page:
+        ratios = [r[LLMTAP].get("page_cpu_ratio") for r in result["rounds"]]
+        click.echo("\nweb UI page open (GET /_llmtap/live): CPU per chunk with / without, per round: "
+                   + ", ".join(f"{x:.3f}" for x in ratios if x is not None)
+                   + "; µs without {:.1f}, with {:.1f} (medians)".format(result["medians"][LLMTAP]["cpu_us_per_chunk_nopage"],
+                                                                       result["medians"][LLMTAP]["cpu_us_per_chunk_page"]))
     errors = {t: {k: v for k, v in f.items() if k.endswith("_errors") and v} for t, f in result["medians"].items()}
     if any(errors.values()):
         click.echo(f"\nerrors (median per round): {json.dumps({t: e for t, e in errors.items() if e})}")

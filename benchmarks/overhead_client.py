@@ -245,6 +245,31 @@ def probe_main(url: str, interval_s: float = 0.01, max_s: float = 600.0, token: 
     print(json.dumps({"priority": priority, "segments": segments}), flush=True)
 
 
+def live_main(url: str, token: str) -> None:
+    """What the web UI's Live page holds open: `GET /_llmtap/live`, read as it comes, until "stop" on
+    stdin; prints the ticks read."""
+    import http.client
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("GET", parts.path, headers={"X-Llmtap-Admin-Token": token, "Accept": "text/event-stream"})
+    response = conn.getresponse()
+    if response.status != 200:
+        sys.exit(f"the live feed answered {response.status}")
+    print("ready", flush=True)
+    sock, stdin, ticks = response.fp, sys.stdin.fileno(), 0
+    while True:
+        ready, _, _ = select.select([stdin, sock], [], [], 1.0)
+        if stdin in ready:
+            break
+        if sock in ready:
+            data = response.read1(65536)
+            if not data:
+                break
+            ticks += data.count(b"event: tick")
+    print(ticks, flush=True)
+
+
 # -- the non-streaming load ------------------------------------------------------------------
 
 WRK_SCRIPT = """\
@@ -319,6 +344,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "probe":
         probe_main(sys.argv[2], max_s=float(sys.argv[3]) if len(sys.argv) > 3 else 600.0,
                    token=sys.argv[4] if len(sys.argv) > 4 else "")
+    elif sys.argv[1] == "live":
+        live_main(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "load":
         load_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6]),
                   STREAM_BODY if sys.argv[7:8] == ["stream"] else PLAIN_BODY)

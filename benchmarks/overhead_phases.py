@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -40,6 +41,7 @@ class Params:
     idle_s: float = 2.0
     tail_s: float = 1.5  # after a phase: the store's next flush lands in the CPU window
     settle_s: float = 1.0
+    page: bool = False  # also time the concurrent streams with and without a web UI page's live feed open
 
 
 QUICK = Params(rounds=1, streams=4, per_worker=3, single_streams=3, single_tokens=5, ttft_ms=20, itl_ms=2,
@@ -70,6 +72,7 @@ class Bench:
         self.upstream = ""
         self.targets: dict[str, Target] = {}
         self.probe_priority: str | None = None  # the health probe's scheduling: fifo or normal
+        self.page_order: list[tuple[bool, bool]] = []  # --page: which stretch ran first, per round
         self.against: Path | None = None
         self.warm = sim_headers(0, 0, 1)
 
@@ -156,6 +159,8 @@ class Bench:
                        probe_cpu_pct_idle=window.get("probe_rate", 0.0) * 100)
         if target.name in (LLMTAP, RELAY):
             out.update(_inproxy_lag(target.url))
+        if p.page and target.name == LLMTAP and target.pid:
+            out.update(self._page_cost(target))
         if segments is not None:
             idle = segments[0]
             # the timed streams' stretch; a run too short to sample it falls back to the whole phase
@@ -164,6 +169,44 @@ class Bench:
                        health_p99_load_ms=percentile(load, 99), health_max_load_ms=max(load, default=math.nan),
                        loop_lag_p99_ms=percentile(load, 99) - percentile(idle, 50))
         return out
+
+    def _page_cost(self, target: Target) -> dict[str, Any]:
+        """The concurrent streams twice more, without and with what the web UI's Live page holds open
+        (`GET /_llmtap/live`, one batched tick every 250 ms, read by a separate process), in turn
+        order from round to round: the relay's CPU per relayed event each time, and their ratio."""
+        p = self.p
+        order = (False, True) if len(self.page_order) % 2 == 0 else (True, False)
+        self.page_order.append(order)
+        found: dict[str, float] = {}
+        for with_page in order:
+            viewer = None
+            if with_page:
+                viewer = self.procs.start(f"viewer-{target.name}", [sys.executable, CLIENT, "live", target.url
+                                                                    + "/_llmtap/live", procs_mod.ADMIN_TOKEN],
+                                          self.load_cpu, pipe=True)
+                if viewer.stdout.readline().strip() != "ready":
+                    raise BenchError(f"the live viewer did not start:\n{self.procs.log_tail(f'viewer-{target.name}')}")
+            window: dict[str, float] = {}
+
+            def started() -> None:
+                window["cpu"] = cpu_seconds(target.pids())
+
+            try:
+                s: Streams = self.runner.run(run_steady(target.url, p.streams, p.per_worker,
+                                                        (p.ttft_ms, p.itl_ms, p.tokens), self.warm, started,
+                                                        lambda: None, lambda: None))
+                used = cpu_seconds(target.pids()) - window["cpu"]
+            finally:
+                if viewer is not None:
+                    ticks = _stop_viewer(viewer)
+                    self.procs.stop(viewer)
+            key = "cpu_us_per_chunk_page" if with_page else "cpu_us_per_chunk_nopage"
+            found[key] = used * 1e6 / max(1, s.events)
+            if with_page:
+                found["page_ticks"] = ticks
+            time.sleep(p.tail_s)
+        found["page_cpu_ratio"] = found["cpu_us_per_chunk_page"] / found["cpu_us_per_chunk_nopage"]
+        return found
 
     def _probe(self, target: Target) -> Probe:
         proc = self.procs.start(f"probe-{target.name}", [sys.executable, CLIENT, "probe", target.url + "/_llmtap/health",
@@ -235,6 +278,17 @@ class Bench:
             log(f"  rss: only {opened} of {p.open_streams} streams opened")
         return {"rss_idle_kib": idle, "rss_open_kib": full, "open_streams": opened,
                 "rss_kib_per_stream": (full - idle) / opened if opened else math.nan}
+
+
+def _stop_viewer(viewer: Any) -> int:
+    """Tell the live viewer to stop; the ticks it read."""
+    try:
+        viewer.stdin.write("stop\n")
+        viewer.stdin.flush()
+        out, _ = viewer.communicate(timeout=30)
+        return int(out.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return -1
 
 
 def _inproxy_lag(url: str) -> dict[str, float]:

@@ -107,6 +107,7 @@ def requests_sql(count: int) -> str:
     SELECT md5(i::VARCHAR) AS id,
         now() - to_seconds(u_time * {DAYS * 86400}) AS started_at,
         '/' AS route, 'api.example.test' AS upstream_host, 'POST' AS method, '/v1/messages' AS path,
+        'generation' AS kind,  -- as the proxy records it (m003); a NULL kind is derived from the path per query
         dialect, {tools}[1 + i % {len(TOOLS)}] AS tool, 'sdk/1.0' AS user_agent,
         CASE WHEN i % 7 = 0 THEN 'bench' END AS tag, 'sess-' || (i // 40) AS session_id,
         name AS request_model, u_stream < 0.9 AS stream, 4096 AS max_tokens, 2 + i % 30 AS message_count,
@@ -124,21 +125,32 @@ def requests_sql(count: int) -> str:
         CASE WHEN status = 200 THEN outp END AS output_tokens,
         CASE WHEN status = 200 THEN (inp * 0.6 * u_stream)::BIGINT END AS cache_read_tokens,
         'usage' AS tokens_source
-    FROM timed"""
+    FROM timed
+    ORDER BY started_at"""  # as the proxy appends them: the time window's zone maps skip the rest
 
 
 def chunks_sql(count: int) -> str:
-    """`count` chunk rows, spread evenly over the successful streams (the others stream nothing)."""
+    """`count` chunk rows, spread evenly over the successful streams (the others stream nothing); as
+    the proxy writes them, each request's rows together, in about the order the requests came."""
     return f"""
     INSERT INTO chunks
     WITH streams AS (
-        SELECT id, ttft_ms, coalesce(tpot_ms, 10) AS tpot_ms FROM requests WHERE stream AND outcome = 'ok'
+        SELECT id, started_at, ttft_ms, coalesce(tpot_ms, 10) AS tpot_ms FROM requests WHERE stream AND outcome = 'ok'
     ),
     per AS (SELECT ceil({count} / count(*))::INTEGER AS n FROM streams)
     SELECT id, j, ttft_ms + j * tpot_ms, 60 + (j * 37) % 90,
         CASE WHEN j = 0 THEN 'message_start' ELSE 'content_block_delta' END
     FROM streams, per, generate_series(0, per.n - 1) c(j)
+    ORDER BY started_at, id, j
     LIMIT {count}"""
+
+
+# Each request's output events, as the proxy records them (the count of its chunk rows).
+EVENTS_SQL = """
+UPDATE requests SET output_events = coalesce(c.n, 0)
+FROM (SELECT r.id, c.n FROM requests r LEFT JOIN (SELECT request_id, count(*) AS n FROM chunks GROUP BY 1) c
+      ON c.request_id = r.id) c
+WHERE requests.id = c.id"""
 
 
 def build(path: Path, requests: int, chunks: int) -> float:
@@ -150,6 +162,7 @@ def build(path: Path, requests: int, chunks: int) -> float:
         con.execute(models_sql())
         con.execute(requests_sql(requests))
         con.execute(chunks_sql(chunks))
+        con.execute(EVENTS_SQL)
         con.execute("CHECKPOINT")
     finally:
         con.close()

@@ -40,6 +40,7 @@ COMMANDS = {
     "prune": "analysis.upkeep_cli:prune",
     "compact": "analysis.upkeep_cli:compact",
     "service": "proxy.tools.service_cli:service",
+    "ui": "analysis.web.cli:ui",
 }
 
 
@@ -160,7 +161,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
             return
         config.route_table()
         check_bind(config)
-        run(lambda: serve_forever(config, query_setup=_views(), workers=workers))
+        run(lambda: serve_forever(config, query_setup=_views(), workers=workers, ui=_ui()))
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except StoreError as exc:
@@ -175,3 +176,10 @@ def _views() -> Any:
     from analysis.views import create_views
 
     return create_views
+
+
+def _ui() -> Any:
+    """analysis's web UI (its files and its JSON API) for /_llmtap/ui/ and /_llmtap/api/."""
+    from analysis.web import WebUi
+
+    return WebUi()

@@ -180,6 +180,14 @@ class Chromium:
         await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height,
                         deviceScaleFactor=1, mobile=False)
 
+    async def press(self, key: str, code: int, shift: bool = False) -> None:
+        """A key pressed and released, as the keyboard sends it (Tab: "Tab", 9; Enter: "Enter", 13)."""
+        params = {"key": key, "code": key, "windowsVirtualKeyCode": code, "modifiers": 8 if shift else 0}
+        text = {"Enter": "\r", " ": " "}.get(key)
+        await self.send("Input.dispatchKeyEvent", type="keyDown" if text else "rawKeyDown",
+                        **({"text": text} if text else {}), **params)
+        await self.send("Input.dispatchKeyEvent", type="keyUp", **params)
+
     async def mouse_move(self, x: float, y: float) -> None:
         await self.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
 

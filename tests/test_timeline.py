@@ -271,3 +271,64 @@ async def test_errors_shows_a_slow_session_as_a_finding(sim: Simulator, tmp_path
     found = json.loads(cli("errors", "--db", db, "--format", "json"))["slow_sessions"]
     assert [f["session"] for f in found] == ["crawl-1"] and found[0]["tool"] == "claude-code"
     assert "slow session crawl-1 (claude-code): TPOT" in cli("errors", "--db", db)
+
+
+def _slow_by_definition(found: list[timeline.Session], rows: list[dict[str, Any]]) -> None:
+    """flag_slow as its docstring says it, every peer list anew (quadratic): the reference."""
+    import statistics
+    from collections import defaultdict
+
+    of = {span.request_id: s for s in found for span in s.spans if span.kind == "model"}
+    cells: dict = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        s = of.get(row["id"])
+        if s is None or row["outcome"] != "ok" or not row["request_model"]:
+            continue
+        cell = cells[(s.key, row["request_model"])]
+        cell["t0"].append(row["t0"])
+        if row["tpot_ms"] is not None:
+            cell["TPOT"].append(row["tpot_ms"])
+        if row["ttft_ms"] is not None and row["input_tokens"]:
+            cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+    at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
+    by_key = {s.key: s for s in found}
+    for (key, model), cell in cells.items():
+        for metric in ("TPOT", "TTFT per input token"):
+            peers = [statistics.median(c[metric]) for (k, m), c in cells.items()
+                     if m == model and k != key and c[metric] and abs(at[(k, m)] - at[(key, model)]) <= timeline.PEER_WINDOW_S]
+            if not cell[metric] or len(peers) < 2:
+                continue
+            mine, typical = statistics.median(cell[metric]), statistics.median(peers)
+            if typical > 0 and mine >= timeline.SLOW_FACTOR * typical and by_key[key].slow is None:
+                by_key[key].slow = (f"{metric} {mine / typical:.1f}x the median of {len(peers)} other sessions"
+                                    f" on {model} within the hour")
+
+
+def test_slow_sessions_are_flagged_as_defined_however_many() -> None:
+    """The sliding window of flag_slow finds what the definition does, on sessions of two models
+    over a few hours, some slow, some with ties and without a metric."""
+    import random
+
+    rng = random.Random(29)
+    rows, found = [], []
+    for n in range(400):
+        t0 = rng.uniform(0, 4 * 3600)
+        model = rng.choice(("a", "b"))
+        slow = rng.random() < 0.08
+        key = f"s{n}"
+        spans = []
+        for j in range(rng.randint(1, 4)):
+            rid = f"{key}-{j}"
+            spans.append(timeline.Span("model", "wait", t0 + j, t0 + j + 0.5, rid, model))
+            rows.append({"id": rid, "t0": t0 + j, "outcome": "ok" if rng.random() > 0.05 else "http_error",
+                         "request_model": model if rng.random() > 0.05 else None,
+                         "tpot_ms": None if rng.random() < 0.1 else round(rng.uniform(10, 12) * (4 if slow else 1)),
+                         "ttft_ms": rng.uniform(200, 300) * (4 if slow and j % 2 else 1),
+                         "input_tokens": rng.choice((0, 1000, 2000))})
+        found.append(timeline.Session(key, key, False, "t", t0, t0 + 5, len(spans), 1, None, None, None, [model],
+                                      spans, timeline.Totals()))
+    reference = [timeline.Session(**{**s.__dict__}) for s in found]
+    timeline.flag_slow(found, rows)
+    _slow_by_definition(reference, rows)
+    assert [s.slow for s in found] == [s.slow for s in reference]
+    assert sum(s.slow is not None for s in found) > 10

@@ -426,3 +426,39 @@ async def test_a_spill_file_someone_else_could_have_written_is_left_alone(sim: S
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT list(tag) FROM requests").fetchone()[0] == ["p1"]
     con.close()
+
+
+async def test_the_web_ui_logs_in_and_answers_through_either_process(sim: Simulator, tmp_path: Path) -> None:
+    """`llmtap ui --no-browser`'s link, opened on some process, leaves a cookie every process takes;
+    the primary answers the pages and the API (docs/ui.md)."""
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    proc, state = await start_serve(sim.url, tmp_path / "ui.duckdb")
+    vias: set[str | None] = set()
+    try:
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["ui", "--no-browser"])
+        assert result.exit_code == 0, result.output
+        link = result.output.strip().rpartition(" ")[2]
+        assert link.startswith(state.url + "/_llmtap/ui/login?ticket=")
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), cookie_jar=jar) as s:
+            async with s.get(link, allow_redirects=False) as r:
+                assert r.status == 303 and r.headers["Location"] == "/_llmtap/ui/"
+                assert "HttpOnly" in r.headers["Set-Cookie"] and "SameSite=Strict" in r.headers["Set-Cookie"]
+            async with s.get(link, allow_redirects=False) as r:
+                assert r.status == 403  # once only, whichever process took it
+            for _ in range(16):
+                async with s.get(state.url + "/_llmtap/api/requests?since=1h") as r:
+                    assert r.status == 200, await r.text()
+                    vias.add(r.headers.get(VIA_HEADER))
+                    assert set(await r.json()) >= {"total", "rows"}  # a worker's rows reach the primary in time
+                async with s.get(state.url + "/_llmtap/ui/") as r:
+                    assert r.status == 200 and "default-src 'self'" in r.headers["Content-Security-Policy"]
+                if len(vias) == 2:
+                    break
+    finally:
+        out, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert vias == {None, "1"}

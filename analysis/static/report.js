@@ -1,9 +1,14 @@
-// llmtap report: draws the chart specs embedded as JSON (see analysis/html_charts.py) with uPlot.
+// llmtap report: draws the chart specs embedded as JSON (see analysis/html/charts.py) with uPlot.
 // Text from the data only ever reaches the page through uPlot's legend (textContent) or canvas text.
 (function () {
   "use strict";
 
-  var payload = JSON.parse(document.getElementById("llmtap-data").textContent);
+  // The web UI's Overview (analysis/static/ui/app.js) calls it with the same payload, from its API.
+  window.llmtapDrawCharts = draw_all;
+  var embedded = document.getElementById("llmtap-data");
+  if (embedded) draw_all(JSON.parse(embedded.textContent));
+
+  function draw_all(payload) {
   var HEIGHT = 300;
   var plots = [];
   window.__llmtapChartsExpected = payload.charts.length;
@@ -248,7 +253,11 @@
   window.addEventListener("resize", function () {
     clearTimeout(pending);
     pending = setTimeout(function () {
-      plots.forEach(function (p) { p.plot.setSize({ width: p.el.clientWidth, height: HEIGHT }); });
+      plots.forEach(function (p) {
+        if (p.el.isConnected) p.plot.setSize({ width: p.el.clientWidth, height: HEIGHT });
+      });
     }, 100);
   });
+    return plots;
+  }
 })();

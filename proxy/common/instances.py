@@ -236,6 +236,10 @@ class AdminClient:
         rows = [tuple(row) for row in answer["rows"]]
         return (answer["columns"], answer["types"], rows), bool(answer.get("truncated"))
 
+    def call(self, name: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
+        """`name`'s JSON answer (a POST with `body`, else a GET); AdminError when refused or unreachable."""
+        return self._call(name, body, timeout)
+
     def _call(self, name: str, body: dict[str, Any] | None, timeout: float) -> Any:
         headers = self.headers()
         data = None

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from proxy.record.migrations import migrate
 from proxy.common.terminal_text import stderr_line
 
 # The writer's interval is its share of the row's latency budget (proxy/common/latency.py).
+READER_SETUP_S = 10.0  # a reader cursor's views (and the prices in them) are made again after this
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
@@ -148,6 +149,7 @@ class Store:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._cur: duckdb.DuckDBPyConnection | None = None
         self._con_lock = threading.Lock()  # cursor() and close() on the shared connection
+        self._readers = threading.local()  # each admin SQL thread's reader cursor (`reader`)
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -546,6 +548,67 @@ class Store:
                 stop.detach()
             with contextlib.suppress(duckdb.Error):
                 cur.close()
+
+    @contextlib.contextmanager
+    def reader(self, stop: QueryStop | None = None, max_rows: int = 100_000, *,
+               max_bytes: int | None = None) -> Iterator[Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]]:
+        """Several read-only statements on one cursor, in one READ ONLY transaction (one snapshot), the
+        views set up once: `with store.reader(stop) as query: query("SELECT ...")`, each statement checked
+        and capped as `query()`'s (for the web UI's API, whose one answer takes a few statements)."""
+        cur = self._reader_cursor()
+        ok = False
+        try:
+            if stop is not None:
+                stop.attach(cur)
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+
+            def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+                try:
+                    sql_filter.check(sql, cur)
+                    if stop is not None:
+                        stop.check()
+                    cur.execute(sql)
+                    description = cur.description or []
+                    rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
+                except sql_filter.Refused as exc:
+                    raise StoreError(str(exc)) from None
+                except duckdb.Error as exc:
+                    if stop is not None and stop.reason is not None:
+                        raise QueryStopped(stop.reason) from None
+                    raise StoreError(str(exc)) from exc
+                return [d[0] for d in description], [str(d[1]) for d in description], rows
+
+            yield query
+            ok = True
+        finally:
+            if stop is not None:
+                stop.detach()
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            if not ok:  # a failed or stopped one is not kept: the next reader starts afresh
+                self._readers.cursor = None
+                with contextlib.suppress(duckdb.Error):
+                    cur.close()
+
+    def _reader_cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's reader cursor, its views set up at most every READER_SETUP_S (creating them
+        takes ~90 ms on a big database: more than a page's query itself)."""
+        with self._con_lock:
+            con = self._con
+            if con is None:
+                raise StoreError("the database is not open (it is reopened after a write error; try again)")
+            kept = getattr(self._readers, "cursor", None)
+            if kept is not None and kept[1] is con and time.monotonic() - kept[2] < READER_SETUP_S:
+                return kept[0]
+            cur = con.cursor()
+        if kept is not None:
+            with contextlib.suppress(duckdb.Error):
+                kept[0].close()
+        self._readers.cursor = None
+        if self.query_setup is not None:
+            self.query_setup(cur)
+        self._readers.cursor = (cur, con, time.monotonic())
+        return cur
 
     def _run_query(
         self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,

@@ -1,8 +1,13 @@
-"""The admin endpoint under /_llmtap/: health, and SQL for `llmtap sql` while serving.
+"""The admin endpoint under /_llmtap/: health, and SQL for `llmtap sql` while serving; the web UI.
 
 DuckDB lets one process write a file, so while `llmtap serve` runs, the CLI
 asks the proxy to run its read-only query. It answers loopback peers only
-(unless --allow-remote), and always asks for the admin token (`allowed`).
+(unless --allow-remote), and always asks for the admin token (`allowed`), or, for the web UI's
+reads, the cookie its login gave (proxy/relay/ui_doors.py).
+
+The web UI (`/_llmtap/ui/*`: its files; `/_llmtap/api/*`: its JSON) is what the composition root
+gave (`state.ui`, analysis/web/): proxy/ never imports analysis/. An API answer is computed in
+admin SQL's threads (proxy/record/admin_sql.py), with the limits of every admin query.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from aiohttp import web
 from proxy.record import admin_sql
 from proxy.observe import live
 from proxy.settings.client_key import same_secret
+from proxy.relay import ui_doors
 from proxy.relay.app_state import STATE, AppState
 from proxy.common.instances import ADMIN_PREFIX, TOKEN_HEADER
 
@@ -52,8 +58,9 @@ def _local_name(host: str | None) -> bool:
     return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
 
 
-def allowed(request: web.Request, state: AppState) -> bool:
-    """Loopback peers only, unless `--allow-remote`; and always the admin token.
+def allowed(request: web.Request, state: AppState, name: str | None = None) -> bool:
+    """Loopback peers only, unless `--allow-remote`; and always the admin token, but for the web UI's
+    reads of `name` with its cookie and the exchange of a login ticket (proxy/relay/ui_doors.py).
 
     The token is made per start unless configured, and kept in the owner-only state file
     (proxy/common/instances.py): another Unix user cannot read it, and a web page cannot read files, nor
@@ -62,10 +69,12 @@ def allowed(request: web.Request, state: AppState) -> bool:
     """
     if not (_is_loopback(request.remote) or state.config.allow_remote):
         return False
-    if not _token_sent(request, state.admin_token):
+    local = state.config.allow_remote or _local_name(request.host)
+    if _token_sent(request, state.admin_token):
+        return request.headers.get("Origin") is None and local
+    if name is None or not local or (state.ui is None and state.admin_relay is None):  # a worker: the primary's
         return False
-    origin = request.headers.get("Origin")
-    return origin is None and (state.config.allow_remote or _local_name(request.host))
+    return ui_doors.cookie_request(request, name, state.admin_token) or ui_doors.login_request(request, name)
 
 
 FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
@@ -88,7 +97,7 @@ async def handle(request: web.Request, name: str) -> web.StreamResponse:
     here by the same rules, it is answered by the primary (which holds the database, the metrics
     and the live feed) through the primary's private socket: `state.admin_relay`."""
     state = request.app[STATE]
-    if not allowed(request, state):
+    if not allowed(request, state, name):
         return forbidden()
     if state.admin_relay is not None:
         return await state.admin_relay(request, name)
@@ -105,6 +114,8 @@ async def answer(request: web.Request, state: AppState, name: str) -> web.Stream
         return await sql(request, state)
     if name == "metrics" and request.method == "GET":
         return await metrics(state)
+    if name.startswith(("ui/", "api/")) or name == "ui":
+        return await ui(request, state, name)
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
 
 
@@ -175,6 +186,61 @@ async def sql(request: web.Request, state: AppState) -> web.Response:
         return _json({"error": str(exc)}, 400)
     truncated = len(rows) > MAX_ROWS
     return _json({"columns": columns, "types": types, "rows": rows[:MAX_ROWS], "truncated": truncated})
+
+
+# -- the web UI (proxy/relay/ui_doors.py; its files and API: state.ui, from the composition root) ----
+
+
+async def ui(request: web.Request, state: AppState, name: str) -> web.StreamResponse:
+    if state.ui is None:
+        return _json({"error": "this proxy has no web UI"}, 404)
+    if name == "ui/login" and request.method == "GET":
+        return ui_doors.login(request, state.ui_tickets, state.admin_token)
+    if name == "ui/ticket" and request.method == "POST":  # the admin token only: `llmtap ui`
+        if not _token_sent(request, state.admin_token):
+            return forbidden()
+        return _json({"ticket": state.ui_tickets.issue(), "path": "/_llmtap/ui/login"})
+    if request.method not in ui_doors.READ_ONLY:
+        return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 405)
+    if name == "ui":
+        return web.Response(status=308, headers={**ui_doors.HEADERS, "Location": "/_llmtap/ui/"})
+    if name.startswith("ui/"):
+        found = state.ui.asset(name[3:] or "index.html")
+        if found is None:
+            return web.Response(status=404, text="not found\n", headers=ui_doors.HEADERS)
+        body, content_type = found
+        return web.Response(body=body, headers={**ui_doors.HEADERS, "Content-Type": content_type})
+    return await api(request, state, name[4:])
+
+
+async def api(request: web.Request, state: AppState, name: str) -> web.Response:
+    """`GET /_llmtap/api/<name>?...`: one of the UI's figures, computed (queries and all) in an admin SQL
+    thread as `llmtap sql` is, on one cursor (`store.reader`); the answer is JSON made there too."""
+    if state.store is None or state.admin_sql is None:
+        return _ui_json(b'{"error": "this proxy is not recording to a database"}', 400)
+    handler = state.ui.endpoint(name)
+    if handler is None:
+        return _ui_json(orjson.dumps({"error": f"no API endpoint /_llmtap/api/{name}"}), 404)
+    params = {key: request.query.getall(key) for key in request.query.keys()}
+    store, max_bytes = state.store, state.config.sql_max_bytes
+    state.recorder.record_ended()
+
+    def run(stop: Any) -> tuple[int, bytes]:
+        store.flush(FLUSH_BEFORE_QUERY_S)
+        with store.reader(stop, max_bytes=max_bytes) as query:
+            return handler(query, params)
+
+    try:
+        status, body = await state.admin_sql.run(run)
+    except (admin_sql.Busy, admin_sql.Closed) as exc:
+        return _ui_json(orjson.dumps({"error": str(exc)}), 503)
+    except Exception as exc:  # the query's own error, its timeout, its size: for the page
+        return _ui_json(orjson.dumps({"error": str(exc)}), 400)
+    return _ui_json(body, status)
+
+
+def _ui_json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=body, headers={**ui_doors.HEADERS, "Content-Type": "application/json"})
 
 
 # -- serve --workers N: the primary's private admin socket -----------------------------------------

@@ -34,7 +34,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     path, query = split_raw_path(request.raw_path)
     if path.startswith(ADMIN_PREFIX):
-        if not admin.allowed(request, state):  # refused: a row says someone tried (allowed ones leave none)
+        if not admin.allowed(request, state, path[len(ADMIN_PREFIX):]):  # refused: a row says someone tried
             _record_local(request, path, received, 403, Outcome.HTTP_ERROR, ("admin_forbidden", admin.FORBIDDEN))
             return admin.forbidden()
         return await admin.handle(request, path[len(ADMIN_PREFIX):])

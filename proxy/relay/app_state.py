@@ -6,7 +6,7 @@ Built whole by its constructor (proxy/serve/server.py gives it the store, the me
 SQL threads). What can only come later comes in through a method, never an attribute set from
 outside: the upstream session, opened with the app (`open_session`), and a primary's supervisor of
 its `serve --workers` workers, which starts once the proxy listens (`attach_workers`). What higher
-layers provide is typed by a Protocol here (`WorkerHealth`, `AdminForward`): the relay imports
+layers provide is typed by a Protocol here (`WorkerHealth`, `AdminForward`, `WebUi`): the relay imports
 nothing of proxy/serve.
 """
 
@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.common.terminal_text import stderr_line
+from proxy.relay.ui_doors import Tickets
 from proxy.observe.looplag import LoopLag
 from proxy.record.recorder import Recorder, log_observer
 from proxy.relay.body_budget import BodyBudget
@@ -48,6 +49,19 @@ class AdminForward(Protocol):
     async def __call__(self, request: web.Request, name: str) -> web.StreamResponse: ...
 
 
+class WebUi(Protocol):
+    """The web UI's files and JSON API (analysis/web/ `WebUi`, given by the composition root)."""
+
+    def asset(self, path: str) -> tuple[bytes, str] | None:
+        """A file's bytes and content type, or None."""
+        ...
+
+    def endpoint(self, name: str) -> Callable[[Any, dict[str, list[str]]], tuple[int, bytes]] | None:
+        """The handler of `GET /_llmtap/api/<name>`: given a query function and the parameters, run in
+        an admin SQL thread; its status and JSON."""
+        ...
+
+
 @dataclass
 class AppState:
     config: ServeConfig
@@ -66,6 +80,8 @@ class AppState:
     body_budget: BodyBudget = field(init=False)  # request bodies in memory, all requests together
     upstream_session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)  # `open_session`
     workers: WorkerHealth | None = field(default=None, init=False)  # a primary's, while they run (`attach_workers`)
+    ui: WebUi | None = None  # the web UI, from the composition root (analysis/web/); None: no UI
+    ui_tickets: Tickets = field(default_factory=Tickets)  # `llmtap ui`'s one-time logins (proxy/relay/ui_doors.py)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)

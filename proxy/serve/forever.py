@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from proxy.common import instances as running
 from proxy.common.terminal_text import stderr_line
@@ -19,17 +19,19 @@ from proxy.settings.config import ServeConfig
 
 
 async def serve_forever(config: ServeConfig, report: Callable[[str], None] = stderr_line,
-                        query_setup: QuerySetup | None = None, workers: int = 1) -> None:
+                        query_setup: QuerySetup | None = None, workers: int = 1, ui: Any = None) -> None:
     """Serve until SIGINT or SIGTERM, then stop cleanly: in-flight rows and the queue are flushed.
 
     `workers` N > 1: this process (the primary) relays too, and starts N - 1 worker processes
-    listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/serve/workers.py)."""
+    listening on the same addresses (SO_REUSEPORT), which send it their rows (proxy/serve/workers.py).
+    `ui`: the web UI (analysis/web/, given by the composition root), served by this process."""
     running.remove_stale_sockets()  # those of primaries of `serve --workers` killed before their stop
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with RunningProxy(config, report=report, query_setup=query_setup, reuse_port=workers > 1) as proxy:
+    async with RunningProxy(config, report=report, query_setup=query_setup, reuse_port=workers > 1,
+                            ui=ui) as proxy:
         tune_runtime()
         pool: Workers | None = None
         state_file: Path | None = None

@@ -31,7 +31,7 @@ from proxy.observe.thresholds import ThresholdWatch
 from proxy.settings.alerts import check_alerts
 from proxy.record.recorder import on_rows, store_observer
 from proxy.observe.looplag import LoopLag
-from proxy.relay.app_state import AdminForward, AppState
+from proxy.relay.app_state import AdminForward, AppState, WebUi
 from proxy.common.terminal_text import stderr_line
 from proxy.record.store import QuerySetup, Store
 
@@ -78,14 +78,17 @@ class RunningProxy:
 
     def __init__(self, config: ServeConfig, *, record: bool = True, report: Callable[[str], None] = stderr_line,
                  query_setup: QuerySetup | None = None, reuse_port: bool = False,
-                 worker: tuple[str, str | None] | None = None, admin_relay: AdminForward | None = None) -> None:
+                 worker: tuple[str, str | None] | None = None, admin_relay: AdminForward | None = None,
+                 ui: WebUi | None = None) -> None:
         """`query_setup` runs on the cursor of each admin query before it (the composition root,
         proxy/cli.py, gives analysis's named views: proxy/ never imports analysis/).
 
         `reuse_port`: listen with SO_REUSEPORT, beside the other processes of `serve --workers N`.
         `worker`: this is one of those workers (proxy/serve/workers.py), given the primary's admin token
         and client key: it relays and measures, and its rows go to the primary, which alone has the
-        database, the metrics and the exporters; `admin_relay` sends the worker's admin requests there."""
+        database, the metrics and the exporters; `admin_relay` sends the worker's admin requests there.
+        `ui`: the web UI under /_llmtap/ui/ and /_llmtap/api/ (analysis/web/, from the composition root);
+        a worker has none: the primary answers its /_llmtap/ requests."""
         self.config = config
         apply_prices(config)
         self.reuse_port = reuse_port
@@ -114,7 +117,8 @@ class RunningProxy:
                               admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
                               guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                 remote=config.allow_remote and bool(_wide_hosts(config))),
-                              metrics=metrics, loop_lag=loop_lag, admin_relay=admin_relay)
+                              metrics=metrics, loop_lag=loop_lag, admin_relay=admin_relay,
+                              ui=ui if self.store is not None and worker is None else None)
         self.otel: OtelExporter | None = None
         self.runner: web.AppRunner | None = None
         self.port = config.port

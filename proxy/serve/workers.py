@@ -76,6 +76,9 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0  # a worker's requests get the server's shutdown timeout (5 s); then its last rows
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 YOUNG_S = 10.0  # a worker that dies younger than this is restarted after the next backoff step
+RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Location", "Set-Cookie", "Content-Security-Policy",
+                   "X-Content-Type-Options", "X-Frame-Options", "Referrer-Policy", "Cross-Origin-Resource-Policy",
+                   "Cross-Origin-Opener-Policy")
 VIA_HEADER = "X-Llmtap-Worker"  # on admin answers a worker relayed from the primary: the worker's index
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
@@ -337,7 +340,7 @@ class AdminRelay:
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
-        headers = {running.TOKEN_HEADER: self.token}
+        headers = {running.TOKEN_HEADER: self.token}  # allowed here (token, or the UI's cookie or login)
         if content_type := request.headers.get("Content-Type"):
             headers["Content-Type"] = content_type
         url = "http://llmtap-primary" + running.ADMIN_PREFIX + name
@@ -346,11 +349,12 @@ class AdminRelay:
         body = await request.read()
         response: web.StreamResponse | None = None
         try:
-            async with self.session.request(request.method, url, data=body or None, headers=headers) as upstream:
+            async with self.session.request(request.method, url, data=body or None, headers=headers,
+                                            allow_redirects=False) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={VIA_HEADER: str(self.index)})
-                for header in ("Content-Type", "Cache-Control"):
-                    if header in upstream.headers:
-                        response.headers[header] = upstream.headers[header]
+                for header in RELAYED_HEADERS:  # the web UI's login, its cookie and its page's policies too
+                    for value in upstream.headers.getall(header, ()):
+                        response.headers.add(header, value)
                 await response.prepare(request)
                 async for data in upstream.content.iter_any():
                     await response.write(data)

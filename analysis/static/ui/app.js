@@ -1,0 +1,518 @@
+// llmtap web UI (docs/ui.md): one page, a view per hash route, reading /_llmtap/api/* and /_llmtap/live.
+// Every text from the data reaches the page as a text node (textContent), never as HTML; the page
+// holds no secret (its cookie is HttpOnly) and loads nothing but this proxy's own files.
+(function () {
+  "use strict";
+
+  var API = "/_llmtap/api/";
+  var main = document.getElementById("main");
+  var statusLine = document.getElementById("status");
+  var live = null;  // the Live page's EventSource, closed when another page shows
+  var plots = [];   // uPlot charts of the page shown, destroyed when another shows
+
+  // -- DOM, as text -------------------------------------------------------------------------------
+
+  function h(tag, attrs) {
+    var el = document.createElement(tag);
+    if (attrs) {
+      Object.keys(attrs).forEach(function (k) {
+        var v = attrs[k];
+        if (v == null || v === false) return;
+        if (k.slice(0, 2) === "on") el.addEventListener(k.slice(2), v);
+        else if (k === "text") el.textContent = String(v);
+        else el.setAttribute(k, v === true ? "" : String(v));
+      });
+    }
+    for (var i = 2; i < arguments.length; i++) add(el, arguments[i]);
+    return el;
+  }
+
+  function add(el, child) {
+    if (child == null || child === false) return;
+    if (Array.isArray(child)) { child.forEach(function (c) { add(el, c); }); return; }
+    el.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+
+  function show() {
+    while (main.firstChild) main.removeChild(main.firstChild);
+    for (var i = 0; i < arguments.length; i++) add(main, arguments[i]);
+  }
+
+  // -- formats --------------------------------------------------------------------------------------
+
+  function ms(v) {
+    if (v == null) return "–";
+    var a = Math.abs(v);
+    if (a < 10) return v.toFixed(1) + " ms";
+    if (a < 1000) return Math.round(v) + " ms";
+    if (a < 60000) return (v / 1000).toFixed(2) + " s";
+    return (v / 60000).toFixed(1) + " min";
+  }
+  function secs(v) { return v == null ? "open" : ms(v * 1000); }
+  function count(v) { return v == null ? "–" : Number(v).toLocaleString("en-US"); }
+  function usd(v) { return v == null ? "–" : "$" + (v < 0.01 ? v.toFixed(4) : v.toFixed(2)); }
+  function pct(part, whole) { return whole > 0 ? Math.round(100 * part / whole) + "%" : "–"; }
+  function when(iso) {
+    if (!iso) return "–";
+    var d = new Date(typeof iso === "number" ? iso * 1000 : iso);
+    return isNaN(d) ? String(iso) : d.toISOString().replace("T", " ").slice(0, 19);
+  }
+  function short(id) { return id ? String(id).slice(0, 10) : "–"; }
+
+  // A table cell keeps its raw value in data-value, for tests and for copy; the text is formatted.
+  function cell(value, text, cls) {
+    return h("td", { "class": cls || null, "data-value": value == null ? "" : String(value) }, text);
+  }
+
+  function table(head, rows, opts) {
+    opts = opts || {};
+    var thead = h("thead", null, h("tr", null, head.map(function (c) {
+      return typeof c === "string" ? h("th", { scope: "col" }, c) : c;
+    })));
+    return h("div", { "class": "scroll" }, h("table", { "class": opts.cls || null, "aria-label": opts.label || null },
+      thead, h("tbody", null, rows)));
+  }
+
+  function facts(pairs) {
+    var dl = h("dl", { "class": "facts" });
+    pairs.forEach(function (p) {
+      if (p[1] == null || p[1] === "") return;
+      add(dl, [h("dt", null, p[0]), h("dd", { "data-key": p[2] || null }, p[1])]);
+    });
+    return dl;
+  }
+
+  function kpi(label, value) { return h("div", { "class": "kpi" }, h("b", null, value), h("span", null, label)); }
+
+  function link(href, text) { return h("a", { href: href }, text); }
+
+  function status(text) { statusLine.textContent = text || ""; }
+
+  // -- the API ---------------------------------------------------------------------------------------
+
+  function query(params) {
+    var parts = [];
+    Object.keys(params || {}).forEach(function (k) {
+      var v = params[k];
+      (Array.isArray(v) ? v : [v]).forEach(function (one) {
+        if (one != null && one !== "") parts.push(encodeURIComponent(k) + "=" + encodeURIComponent(one));
+      });
+    });
+    return parts.length ? "?" + parts.join("&") : "";
+  }
+
+  function get(path, params) {
+    return fetch(API + path + query(params), { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        return r.json().catch(function () { return { error: "HTTP " + r.status }; }).then(function (body) {
+          if (!r.ok) throw new Error(body && body.error ? body.error : "HTTP " + r.status);
+          return body;
+        });
+      });
+  }
+
+  function failed(err) {
+    show(h("p", { "class": "error", role: "alert" }, String(err && err.message || err)),
+         h("p", { "class": "muted" }, "Logged out? Run `llmtap ui` again for a new login link."));
+  }
+
+  // -- routing ---------------------------------------------------------------------------------------
+
+  function route() {
+    var hash = location.hash.replace(/^#\/?/, "");
+    var q = hash.indexOf("?");
+    var path = q < 0 ? hash : hash.slice(0, q);
+    var params = {};
+    new URLSearchParams(q < 0 ? "" : hash.slice(q + 1)).forEach(function (v, k) { params[k] = v; });
+    var parts = path.split("/");
+    return { page: parts[0] || "live", arg: decodeURIComponent(parts.slice(1).join("/")), params: params };
+  }
+
+  function go(page, params) { location.hash = "#/" + page + query(params); }
+
+  function render() {
+    if (live) { live.close(); live = null; }
+    plots.forEach(function (p) { p.destroy(); });
+    plots = [];
+    status("");
+    var r = route();
+    document.querySelectorAll("nav a").forEach(function (a) {
+      var on = a.getAttribute("data-page") === r.page || (a.getAttribute("data-page") + "" === "requests" && r.page === "request")
+        || (a.getAttribute("data-page") === "sessions" && r.page === "session");
+      if (on) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+    });
+    var pages = { live: livePage, requests: requestsPage, request: requestPage, sessions: sessionsPage,
+                  session: sessionPage, overview: overviewPage, compare: comparePage };
+    (pages[r.page] || livePage)(r.arg, r.params);
+    document.title = "llmtap · " + r.page;
+  }
+
+  // -- Live --------------------------------------------------------------------------------------------
+
+  var FINISHED_KEPT = 200;
+
+  function livePage() {
+    var inflight = h("tbody");
+    var finished = h("tbody");
+    show(h("h1", null, "Live"),
+      h("p", { "class": "muted" }, "Requests in flight (updated four times a second) and the last " + FINISHED_KEPT +
+        " finished, newest first. Batched: one update per tick, never one per chunk."),
+      h("h2", null, "In flight"),
+      h("div", { "class": "scroll" }, h("table", { id: "inflight", "aria-label": "In flight" },
+        h("thead", null, h("tr", null, ["id", "model", "tool", "elapsed", "TTFT", "events", "tokens", "tokens/s"]
+          .map(function (c, i) { return h("th", { scope: "col", "class": i > 2 ? "num" : null }, c); }))), inflight)),
+      h("h2", null, "Finished"),
+      h("div", { "class": "scroll" }, h("table", { id: "finished", "aria-label": "Finished" },
+        h("thead", null, h("tr", null, ["started (UTC)", "id", "model", "tool", "kind", "outcome", "status", "TTFT",
+          "E2E", "out tokens"].map(function (c, i) { return h("th", { scope: "col", "class": i > 6 ? "num" : null }, c); }))),
+        finished)));
+    function finishedRow(r) {
+      return h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
+        cell(r.started, when(r.started)), h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
+        cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
+        cell(r.outcome, r.outcome), cell(r.status, r.status == null ? "–" : r.status),
+        cell(r.ttft_ms, ms(r.ttft_ms), "num"), cell(r.e2e_ms, ms(r.e2e_ms), "num"),
+        cell(r.output_tokens, count(r.output_tokens), "num"));
+    }
+    // the last ones recorded, until the feed brings newer (the feed has only what finishes from now on)
+    get("requests", { limit: 20 }).then(function (d) {
+      if (finished.children.length) return;
+      d.rows.forEach(function (r) { add(finished, finishedRow(Object.assign({}, r, { started: r.started_at }))); });
+    }).catch(function () {});
+    live = new EventSource("/_llmtap/live");
+    live.addEventListener("tick", function (event) {
+      var tick = JSON.parse(event.data);
+      while (inflight.firstChild) inflight.removeChild(inflight.firstChild);
+      tick.inflight.forEach(function (r) {
+        add(inflight, h("tr", { "data-id": r.id },
+          cell(r.id, short(r.id)), cell(r.model, r.model || "–", "text"), cell(r.tool, r.tool || "–"),
+          cell(r.elapsed_ms, ms(r.elapsed_ms), "num"), cell(r.ttft_ms, ms(r.ttft_ms), "num"),
+          cell(r.output_events, count(r.output_events), "num"), cell(r.tokens, count(r.tokens), "num"),
+          cell(r.tokens_per_s, r.tokens_per_s == null ? "–" : r.tokens_per_s.toFixed(1), "num")));
+      });
+      if (!tick.inflight.length) add(inflight, h("tr", null, h("td", { colspan: 8, "class": "muted" }, "nothing in flight")));
+      tick.finished.forEach(function (r) {
+        var row = finishedRow(r);
+        var shown = finished.querySelector('tr[data-id="' + CSS.escape(r.id) + '"]');  // one seeded at load
+        if (shown) finished.removeChild(shown);
+        finished.insertBefore(row, finished.firstChild);
+      });
+      while (finished.children.length > FINISHED_KEPT) finished.removeChild(finished.lastChild);
+      var lag = tick.loop_lag || {};
+      status("live · " + count(tick.requests_seen) + " requests seen · event loop lag p99 " +
+             (lag.p99_ms == null ? "–" : lag.p99_ms + " ms") + (tick.dropped ? " · " + tick.dropped + " ticks dropped" : ""));
+    });
+    live.onerror = function () { status("live feed: reconnecting…"); };
+  }
+
+  // -- filters (Requests, Sessions, Overview, Compare) --------------------------------------------
+
+  var facetCache = null;
+  function facets() {
+    if (!facetCache) facetCache = get("facets", { since: "7d" }).catch(function () { return {}; });
+    return facetCache;
+  }
+
+  function field(label, name, value, options) {
+    var input;
+    if (options && options.select) {
+      input = h("select", { name: name, id: "f-" + name },
+        h("option", { value: "" }, options.blank || "any"),
+        options.select.map(function (v) { return h("option", { value: v, selected: v === value }, v); }));
+    } else {
+      input = h("input", { name: name, id: "f-" + name, value: value || "", placeholder: options && options.placeholder || "",
+                           list: options && options.list ? "l-" + name : null, autocomplete: "off" });
+    }
+    return h("label", { "for": "f-" + name }, label, input,
+      options && options.list ? h("datalist", { id: "l-" + name }, options.list.map(function (v) { return h("option", { value: v }); })) : null);
+  }
+
+  function filterForm(page, params, names, facetsFound, extra) {
+    var f = facetsFound || {};
+    var defs = {
+      since: ["since", { placeholder: "24h, 7d, ISO" }], until: ["until", { placeholder: "ISO or 1h" }],
+      model: ["model", { list: f.request_model }], tool: ["tool", { list: f.tool }], tag: ["tag", { list: f.tag }],
+      session: ["session", { list: f.session_id }], kind: ["kind", { select: f.kinds || [] }],
+      outcome: ["outcome", { select: f.outcomes || [] }],
+    };
+    var form = h("form", { "class": "filters", role: "search" },
+      names.map(function (n) { return field(defs[n][0], n, params[n], defs[n][1]); }), extra || null,
+      h("button", { type: "submit", "class": "primary" }, "Apply"));
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var next = {};
+      new FormData(form).forEach(function (v, k) { if (v) next[k] = v; });
+      if (params.sort) { next.sort = params.sort; next.order = params.order; }
+      go(page, next);
+    });
+    return form;
+  }
+
+  // -- Requests ----------------------------------------------------------------------------------------
+
+  var LIST = [["started_at", "started (UTC)"], ["id", "id"], ["request_model", "model"], ["tool", "tool"],
+              ["kind", "kind"], ["outcome", "outcome"], ["status", "status"], ["ttft_ms", "TTFT"],
+              ["tpot_ms", "TPOT"], ["e2e_ms", "E2E"], ["input_tokens", "in"], ["output_tokens", "out"],
+              ["cost_usd", "cost"], ["session_id", "session"], ["tag", "tag"], ["error_message", "error"]];
+  var NUMERIC = { status: 1, ttft_ms: 1, tpot_ms: 1, e2e_ms: 1, input_tokens: 1, output_tokens: 1, cost_usd: 1 };
+
+  function requestsPage(arg, params) {
+    if (!("since" in params)) params.since = "24h";
+    var p = Object.assign({ sort: "started_at", order: "desc", offset: 0, limit: 50 }, params);
+    show(h("h1", null, "Requests"), h("p", { "class": "muted" }, "Loading…"));
+    Promise.all([get("requests", p), facets()]).then(function (got) {
+      var data = got[0];
+      var head = LIST.map(function (c) {
+        if (c[0] === "error_message") return h("th", { scope: "col" }, c[1]);
+        var sorted = data.sort === c[0];
+        return h("th", { scope: "col", "class": NUMERIC[c[0]] ? "num" : null, "aria-sort": sorted ? (data.order === "asc" ? "ascending" : "descending") : null },
+          h("button", { type: "button", "data-sort": c[0], "aria-sort": sorted ? (data.order === "asc" ? "ascending" : "descending") : null,
+            title: "sort by " + c[1], onclick: function () {
+              go("requests", Object.assign({}, params, { sort: c[0], order: sorted && data.order === "desc" ? "asc" : "desc", offset: 0 }));
+            } }, c[1]));
+      });
+      var rows = data.rows.map(function (r) {
+        return h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
+          cell(r.started_at, when(r.started_at)),
+          h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
+          cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
+          cell(r.outcome, r.outcome || "–"), cell(r.status, r.status == null ? "–" : r.status, "num"),
+          cell(r.ttft_ms, ms(r.ttft_ms), "num"), cell(r.tpot_ms, ms(r.tpot_ms), "num"), cell(r.e2e_ms, ms(r.e2e_ms), "num"),
+          cell(r.input_tokens, count(r.input_tokens), "num"), cell(r.output_tokens, count(r.output_tokens), "num"),
+          cell(r.cost_usd, usd(r.cost_usd), "num"),
+          h("td", { "data-value": r.session_id || "" }, r.session_id ? link("#/sessions?session=" + encodeURIComponent(r.session_id), short(r.session_id)) : "–"),
+          cell(r.tag, r.tag || "–", "text"), cell(r.error_message, r.error_message || "", "text"));
+      });
+      var first = data.total ? data.offset + 1 : 0, last = Math.min(data.total, data.offset + data.rows.length);
+      var pager = h("div", { "class": "pager" },
+        h("button", { type: "button", id: "prev", disabled: data.offset <= 0, onclick: function () {
+          go("requests", Object.assign({}, params, { offset: Math.max(0, data.offset - data.limit) }));
+        } }, "← Newer"),
+        h("span", { id: "range" }, count(first) + "–" + count(last) + " of " + count(data.total)),
+        h("button", { type: "button", id: "next", disabled: last >= data.total, onclick: function () {
+          go("requests", Object.assign({}, params, { offset: data.offset + data.limit }));
+        } }, "Older →"));
+      show(h("h1", null, "Requests"),
+        filterForm("requests", params, ["since", "until", "model", "tool", "tag", "session", "kind", "outcome"], got[1]),
+        pager, table(head, rows, { label: "Requests", cls: "requests" }), rows.length ? null : h("p", { "class": "muted" }, "No request matches."));
+    }).catch(failed);
+  }
+
+  // -- One request -------------------------------------------------------------------------------------
+
+  function bars(items, whole, cls) {
+    var grid = h("div", { "class": "bars" });
+    items.forEach(function (it, i) {
+      var bar = h("div", { "class": "bar " + (cls ? cls(it, i) : "part-" + i), title: it.label + ": " + it.text });
+      bar.style.left = (100 * it.start / whole) + "%";
+      bar.style.width = Math.max(0, 100 * it.size / whole) + "%";
+      add(grid, [h("div", { "class": "label" }, it.label), h("div", { "class": "track" }, bar),
+                 h("div", { "class": "ms", "data-value": it.value == null ? "" : String(it.value) }, it.text)]);
+    });
+    return grid;
+  }
+
+  function requestPage(id) {
+    show(h("h1", null, "Request " + short(id)), h("p", { "class": "muted" }, "Loading…"));
+    get("request/" + encodeURIComponent(id)).then(function (d) {
+      var r = d.request;
+      var sections = [h("h1", null, "Request " + r.id),
+        h("div", { "class": "cols" },
+          facts([["started (UTC)", when(r.started_at)], ["method, path", r.method + " " + r.path, "path"],
+                 ["kind, dialect", (r.kind || "–") + ", " + (r.dialect || "–")], ["model", r.request_model, "request_model"],
+                 ["answered by", r.response_model], ["tool", r.tool, "tool"], ["session", r.session_id], ["tag", r.tag, "tag"],
+                 ["stream", r.stream ? "yes" : "no"]]),
+          facts([["status, outcome", (r.status == null ? "–" : r.status) + ", " + r.outcome, "outcome"],
+                 ["TTFT", ms(r.ttft_ms), "ttft_ms"], ["TPOT", ms(r.tpot_ms)], ["E2E", ms(r.e2e_ms), "e2e_ms"],
+                 ["tokens in / out", count(r.input_tokens) + " / " + count(r.output_tokens)],
+                 ["cache read", count(r.cache_read_tokens)], ["cost", usd(r.cost_usd)],
+                 ["upstream", r.upstream_host], ["user agent", r.user_agent, "user_agent"],
+                 ["credential", r.credential_kind ? r.credential_kind + " · key " + (r.key_fingerprint || "–") : null]]))];
+      if (r.error_type || r.error_message || d.diagnosis.length) {
+        sections.push(h("h2", null, "Error"),
+          h("p", { "class": "error", id: "error-message" }, (r.error_type || "") + (r.error_message ? ": " + r.error_message : "")),
+          h("ul", { id: "diagnosis" }, d.diagnosis.map(function (line) { return h("li", null, line); })));
+      }
+      var whole = Math.max(r.e2e_ms || 0, d.waterfall.reduce(function (a, w) { return Math.max(a, w.start_ms + w.ms); }, 0)) || 1;
+      sections.push(h("h2", null, "Waterfall"),
+        d.waterfall.length ? h("div", { id: "waterfall" }, bars(d.waterfall.map(function (w) {
+          return { label: w.part, start: w.start_ms, size: w.ms, value: w.ms, text: ms(w.ms), column: w.column };
+        }), whole)) : h("p", { "class": "muted" }, "No breakdown recorded for this request (it failed before, or was answered by llmtap)."),
+        h("p", { "class": "muted" }, "From the arrival at the proxy (0) to the end (" + ms(r.e2e_ms) +
+          "); the parts are the row's columns (docs/columns.md)."));
+      sections.push(h("h2", null, "Chunk timeline"));
+      if (d.chunks.length) {
+        var gaps = d.chunks.slice(1).map(function (c, i) { return { at: d.chunks[i].offset_ms, gap: c.offset_ms - d.chunks[i].offset_ms, seq: c.seq }; })
+          .sort(function (a, b) { return b.gap - a.gap; }).slice(0, 5);
+        var chart = h("div", { "class": "chart", id: "chunk-chart" });
+        sections.push(h("p", { "class": "muted" }, count(d.chunks.length) + " events; gaps p50 " + ms(r.gap_p50_ms) + ", p99 " +
+          ms(r.gap_p99_ms) + ", max " + ms(r.gap_max_ms) + ". Cumulative bytes of the events against their offset."), chart,
+          table(["largest gaps: before event", "at", "gap"], gaps.map(function (g) {
+            return h("tr", null, cell(g.seq, g.seq), cell(g.at, ms(g.at), "num"), cell(g.gap, ms(g.gap), "num"));
+          }), { label: "Largest gaps" }));
+        setTimeout(function () { chunkChart(chart, d.chunks); }, 0);
+      } else {
+        sections.push(h("p", { "class": "muted" }, "No chunks recorded (not a stream, or serve --no-chunks)."));
+      }
+      var limits = Object.keys(d.ratelimits);
+      sections.push(h("h2", null, "Rate-limit headroom"), limits.length ? table(["limit", "value"], limits.map(function (k) {
+        return h("tr", null, cell(k, k.replace("ratelimit_", "")), cell(d.ratelimits[k], String(d.ratelimits[k]), "text"));
+      }), { label: "Rate limits" }) : h("p", { "class": "muted" }, "The upstream stated no limits on this response."));
+      sections.push(h("h2", null, "Headers"), h("p", { "class": "muted" },
+        "llmtap keeps no header values, only what it read from them, redacted: the tool, user agent, credential kind and the key's fingerprint (above)."));
+      if (d.bodies) {
+        sections.push(h("h2", null, "Bodies (captured, redacted)"),
+          h("h3", null, "Request" + (d.bodies.request_truncated ? " (cut)" : "")), h("pre", { "class": "body", id: "request-body" }, d.bodies.request_body || ""),
+          h("h3", null, "Response" + (d.bodies.response_truncated ? " (cut)" : "")), h("pre", { "class": "body", id: "response-body" }, d.bodies.response_body || ""));
+      } else {
+        sections.push(h("h2", null, "Bodies"), h("p", { "class": "muted" }, "Not captured (serve --capture-bodies)."));
+      }
+      show(sections);
+    }).catch(failed);
+  }
+
+  function chunkChart(el, chunks) {
+    if (!window.uPlot || !el.isConnected) return;
+    var xs = [], ys = [], total = 0;
+    chunks.forEach(function (c) { total += c.bytes || 0; xs.push(c.offset_ms); ys.push(total); });
+    var plot = new uPlot({
+      width: el.clientWidth || 600, height: 240, scales: { x: { time: false } },
+      axes: [{ label: "ms from arrival" }, { label: "bytes", size: 60 }],
+      series: [{ label: "offset ms" }, { label: "cumulative bytes", stroke: "#0969da", width: 2,
+                 paths: uPlot.paths.stepped({ align: 1 }), points: { show: chunks.length < 200, size: 4 } }],
+    }, [xs, ys], el);
+    plots.push(plot);
+  }
+
+  // -- Sessions ------------------------------------------------------------------------------------------
+
+  function sessionsPage(arg, params) {
+    if (!("since" in params)) params.since = "24h";
+    show(h("h1", null, "Sessions"), h("p", { "class": "muted" }, "Loading…"));
+    Promise.all([get("sessions", params), facets()]).then(function (got) {
+      var data = got[0];
+      var rows = data.sessions.map(function (s) {
+        var t = s.totals;
+        var tools = Object.keys(t.tools_s).slice(0, 3).map(function (k) { return k + " " + pct(t.tools_s[k], s.wall_s); }).join(", ");
+        return h("tr", { "data-session": s.session, "class": s.slow ? "bad" : null },
+          h("td", { "data-value": s.session }, link("#/session/" + encodeURIComponent(s.session) + query(params), (s.inferred ? "~ " : "") + s.session)),
+          cell(s.start, when(s.start)), cell(s.tool, s.tool || "–"), cell(s.wall_s, secs(s.wall_s), "num"),
+          cell(s.turns, s.turns, "num"), cell(s.requests, s.requests, "num"),
+          cell(t.model_s, pct(t.model_s, s.wall_s), "num"), cell(t.wait_s, pct(t.wait_s, s.wall_s), "num"),
+          cell(t.generating_s, pct(t.generating_s, s.wall_s), "num"), cell(tools, tools || "–", "text"),
+          cell(t.you_s, pct(t.you_s, s.wall_s), "num"), cell(s.output_tokens, count(s.output_tokens), "num"),
+          cell(s.cost_usd, usd(s.cost_usd), "num"), cell(s.slow, s.slow || "", "text"));
+      });
+      show(h("h1", null, "Sessions"), filterForm("sessions", params, ["since", "until", "tool", "model", "session"], got[1]),
+        h("p", { "class": "muted" }, count(data.total) + " sessions" + (data.total > data.sessions.length ? ", the newest " + data.sessions.length + " shown" : "") +
+          ". Shares of each session's wall time, each instant counted once (llmtap sessions)."),
+        table(["session", "start (UTC)", "tool", "wall", "turns", "reqs", "model", "wait", "gen", "tools (top 3)", "you", "out", "cost", "slow"],
+          rows, { label: "Sessions" }), rows.length ? null : h("p", { "class": "muted" }, "No session in this window."));
+    }).catch(failed);
+  }
+
+  function sessionPage(key, params) {
+    show(h("h1", null, "Session " + key), h("p", { "class": "muted" }, "Loading…"));
+    get("session/" + encodeURIComponent(key), params).then(function (s) {
+      var t = s.totals, wall = Math.max(s.wall_s, 1e-9);
+      var items = s.spans.map(function (sp) {
+        var size = sp.seconds == null ? wall - sp.start_s : sp.seconds;
+        return { label: sp.kind + (sp.kind === "you" ? "" : ": " + (sp.part === "wait" ? "first token" : sp.part)),
+                 start: sp.start_s, size: size, value: sp.seconds, text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
+      });
+      show(h("h1", null, "Session " + s.session + (s.inferred ? " (inferred)" : "")),
+        h("p", { "class": "muted" }, (s.tool || "unknown tool") + " · " + when(s.start) + " UTC · " + s.requests + " requests · " +
+          s.turns + " turns · " + (s.models.join(", ") || "no model named")),
+        h("div", { "class": "kpis" }, kpi("wall", secs(s.wall_s)), kpi("model", secs(t.model_s) + " · " + pct(t.model_s, s.wall_s)),
+          kpi("first token", secs(t.wait_s)), kpi("generating", secs(t.generating_s)),
+          kpi("tools", secs(t.tool_s) + " · " + pct(t.tool_s, s.wall_s)), kpi("you", secs(t.you_s) + " · " + pct(t.you_s, s.wall_s)),
+          kpi("other", secs(t.other_s))),
+        s.slow ? h("p", { "class": "error" }, "Slow: " + s.slow) : null,
+        h("div", { "class": "legend" }, [["wait", "model: first token"], ["generating", "model: generating"], ["tool", "tool run"], ["you", "you"]]
+          .map(function (l) { return h("span", null, h("i", { "class": l[0] }), l[1]); })),
+        h("div", { id: "gantt" }, bars(items, wall, function (it) {
+          return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : "");
+        })),
+        h("h2", null, "Tools"), table(["tool", "time", "share"], Object.keys(t.tools_s).map(function (k) {
+          return h("tr", null, cell(k, k, "text"), cell(t.tools_s[k], secs(t.tools_s[k]), "num"), cell(null, pct(t.tools_s[k], s.wall_s), "num"));
+        }), { label: "Tools" }),
+        h("h2", null, "Spans"), table(["at", "kind", "part", "seconds", "request"], s.spans.map(function (sp) {
+          return h("tr", { "class": "span" }, cell(sp.start_s, "+" + secs(sp.start_s), "num"), cell(sp.kind, sp.kind), cell(sp.part, sp.part, "text"),
+            cell(sp.seconds, secs(sp.seconds), "num"), h("td", { "data-value": sp.request_id }, link("#/request/" + encodeURIComponent(sp.request_id), short(sp.request_id))));
+        }), { label: "Spans" }));
+    }).catch(failed);
+  }
+
+  // -- Overview -------------------------------------------------------------------------------------------
+
+  function overviewPage(arg, params) {
+    if (!("since" in params)) params.since = "24h";
+    show(h("h1", null, "Overview"), h("p", { "class": "muted" }, "Loading…"));
+    Promise.all([get("overview", params), facets()]).then(function (got) {
+      var d = got[0], t = d.totals;
+      var summary = d.summary.map(function (r) {
+        var q = function (list, i) { return list ? list[i] : null; };
+        return h("tr", { "data-model": r.model == null ? "" : r.model },
+          cell(r.model, r.model == null ? "All models" : r.model, "text"), cell(r.requests, count(r.requests), "num"),
+          cell(r.error_pct, r.error_pct == null ? "–" : r.error_pct.toFixed(1) + "%", "num"),
+          cell(q(r.ttft_ms, 0), ms(q(r.ttft_ms, 0)), "num"), cell(q(r.ttft_ms, 2), ms(q(r.ttft_ms, 2)), "num"),
+          cell(q(r.tpot_ms, 0), ms(q(r.tpot_ms, 0)), "num"), cell(q(r.e2e_ms, 0), ms(q(r.e2e_ms, 0)), "num"),
+          cell(q(r.e2e_ms, 1), ms(q(r.e2e_ms, 1)), "num"), cell(r.output_tokens, count(r.output_tokens), "num"));
+      });
+      var cards = d.charts.map(function (c) {
+        return h("figure", { "class": "card" }, h("figcaption", null, h("h2", null, c.title), c.note ? h("p", { "class": "note" }, c.note) : null),
+          c.series.length ? h("div", { "class": "chart", id: "chart-" + c.id }) : h("p", { "class": "muted" }, "No data for this chart."));
+      });
+      show(h("h1", null, "Overview"), filterForm("overview", params, ["since", "until", "model", "tool", "tag"], got[1]),
+        h("p", { "class": "muted" }, "Generations; the charts of llmtap report --html, from the same queries."),
+        h("div", { "class": "kpis" }, kpi("requests", count(t.requests)), kpi("errors", count(t.errors)), kpi("models", count(t.models)),
+          kpi("input tokens", count(t.input_tokens)), kpi("output tokens", count(t.output_tokens))),
+        summary.length ? table(["model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "E2E p50", "E2E p99", "out tokens"], summary,
+          { label: "Per model", cls: "summary" }) : h("p", { "class": "muted" }, "No generation in this window."),
+        h("section", { "class": "grid" }, cards));
+      var drawable = d.charts.filter(function (c) { return c.series.length; });
+      if (drawable.length && window.llmtapDrawCharts) {
+        window.llmtapDrawCharts({ palette: d.palette, other: d.other, charts: drawable }).forEach(function (p) { plots.push(p.plot); });
+      }
+    }).catch(failed);
+  }
+
+  // -- Compare --------------------------------------------------------------------------------------------
+
+  function comparePage(arg, params) {
+    facets().then(function (f) {
+      var by = params.by || "model";
+      var column = { model: "request_model", tool: "tool", tag: "tag" }[by];
+      var values = column ? f[column] || [] : [];
+      var form = filterForm("compare", params, ["since"], f, [
+        h("label", { "for": "f-by" }, "by", h("select", { name: "by", id: "f-by" },
+          (f.compare_by || ["model"]).map(function (v) { return h("option", { value: v, selected: v === by }, v); }))),
+        field("baseline (a)", "a", params.a, { list: values }), field("against (b)", "b", params.b, { list: values })]);
+      var out = h("div", { id: "compare-out" });
+      show(h("h1", null, "Compare"), h("p", { "class": "muted" }, "Two channels (models, tools, routes, …): llmtap compare's answer, with confidence."), form, out);
+      if (!params.a || !params.b) { add(out, h("p", { "class": "muted" }, "Pick a baseline and a second side, then Apply.")); return; }
+      add(out, h("p", { "class": "muted" }, "Comparing…"));
+      get("compare", params).then(function (c) {
+        while (out.firstChild) out.removeChild(out.firstChild);
+        var metrics = ["ttft", "tpot", "e2e"];
+        add(out, [h("h2", null, "Sides"), table(["side", "requests"].concat(metrics.map(function (m) { return m.toUpperCase() + " p50"; }),
+          metrics.map(function (m) { return m.toUpperCase() + " p95"; })), c.groups.map(function (g) {
+          return h("tr", null, cell(g.label, g.label, "text"), cell(g.requests, count(g.requests), "num"),
+            metrics.map(function (m) { return cell(g[m] && g[m].p50_ms, ms(g[m] && g[m].p50_ms), "num"); }),
+            metrics.map(function (m) { return cell(g[m] && g[m].p95_ms, ms(g[m] && g[m].p95_ms), "num"); }));
+        }), { label: "Sides" }),
+        h("h2", null, "Differences"), table(["metric", "side", "median diff", "95% interval", "verdict", "note"], c.differences.map(function (d) {
+          return h("tr", null, cell(d.metric, d.metric), cell(d.group, d.group, "text"), cell(d.median_diff_ms, ms(d.median_diff_ms), "num"),
+            cell(null, d.ci_low_ms == null ? "–" : ms(d.ci_low_ms) + " … " + ms(d.ci_high_ms), "num"),
+            cell(d.verdict, d.verdict || "–", "verdict text"), cell(d.note, d.note || "", "text"));
+        }), { label: "Differences" })]);
+      }).catch(function (err) {
+        while (out.firstChild) out.removeChild(out.firstChild);
+        add(out, h("p", { "class": "error", role: "alert" }, String(err.message || err)));
+      });
+    });
+  }
+
+  window.addEventListener("hashchange", function () { render(); main.focus(); });
+  render();
+})();

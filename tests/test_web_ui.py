@@ -1,0 +1,405 @@
+"""The web UI (#30) in a real headless Chromium, on a real proxy with real traffic.
+
+One simulated upstream, one proxy (with the web UI, as `llmtap serve` builds it), one browser for the
+module. The doors: the one-time login leaves a cookie and no token in the URL; another origin can
+neither read the API nor act through it; a rebinding Host is refused. The pages: no console error,
+hostile text shown as text, 800 px usable, every control reachable by keyboard; and their numbers
+are the CLI's `--format json` for the same requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from click.testing import CliRunner
+
+from analysis.web import WebUi
+from proxy.cli import main
+from proxy.common.instances import TOKEN_HEADER
+from proxy.serve.server import RunningProxy, write_state
+from proxy.simulator.app import Simulator
+from proxy.simulator.config import SimConfig
+
+from .browser import Chromium, find_chromium
+from .conftest import proxy_config
+from .test_timeline import SESSION, agent
+from .waiting import wait_until
+
+CHROMIUM = find_chromium()
+pytestmark = [pytest.mark.asyncio(loop_scope="module"),
+              pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary found")]
+
+XSS_MODEL = '<script>window.__xss=1</script>"><img src=x onerror="window.__xss=2">'
+XSS_TAG = '"><img src=x onerror="window.__xss=3">'
+OSC_MODEL = "gpt\x1b]0;pwned\x07\x1b]8;;http://evil.test\x07link\x1b]8;;\x07"
+XSS_MESSAGE = 'Bad model <img src=x onerror="window.__xss=4"> \x1b]52;c;ZXZpbA==\x07'
+REBIND = "rebind.test"
+LIVE_S = 1.0  # a finished request is on the Live page within this (the issue's bound)
+
+
+async def bad_upstream(request: web.Request) -> web.Response:
+    """An upstream whose error message is hostile text."""
+    await request.read()
+    return web.json_response({"error": {"message": XSS_MESSAGE, "type": "invalid_request_error"}}, status=400)
+
+
+async def chat(s: aiohttp.ClientSession, url: str, model: str = "gpt-4o-mini", headers: dict[str, str] | None = None,
+               path: str = "/v1/chat/completions") -> int:
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "hello " * 30}]}
+    async with s.post(url + path, json=body, headers=headers or {}) as r:
+        await r.read()
+        return r.status
+
+
+class World:
+    def __init__(self, proxy: RunningProxy, browser: Chromium, attacker: str) -> None:
+        self.proxy, self.browser, self.attacker = proxy, browser, attacker
+        self.ui = proxy.url + "/_llmtap/ui/"
+
+    def rows(self, sql: str) -> list[dict[str, Any]]:
+        assert self.proxy.flush(10)
+        columns, _, data = self.proxy.store.query(sql)
+        return [dict(zip(columns, r)) for r in data]
+
+    async def ticket(self) -> str:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(self.proxy.url + "/_llmtap/ui/ticket", headers={TOKEN_HEADER: self.proxy.admin_token}) as r:
+                assert r.status == 200
+                answer = await r.json()
+        return f"{self.proxy.url}{answer['path']}?ticket={answer['ticket']}"
+
+    async def page(self, route: str, ready: str) -> None:
+        """Show `route` (#/...) and wait until `ready` (a JS expression) holds (logged in first)."""
+        if not await self.browser.evaluate("location.pathname === '/_llmtap/ui/' && !!document.getElementById('main')"):
+            await login(self)
+        await self.browser.evaluate(f"location.hash = {orjson.dumps(route).decode()}")
+        await self.browser.wait_for(ready, timeout=20)
+
+    async def text(self) -> str:
+        return await self.browser.evaluate("document.getElementById('main').textContent")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    tmp = tmp_path_factory.mktemp("web-ui")
+    bad = web.Application()
+    bad.router.add_route("*", "/{tail:.*}", bad_upstream)
+    bad_runner = web.AppRunner(bad, access_log=None)
+    await bad_runner.setup()
+    site = web.TCPSite(bad_runner, "127.0.0.1", 0)
+    await site.start()
+    bad_url = f"http://127.0.0.1:{bad_runner.addresses[0][1]}"
+    attacker = web.Application()
+    attacker.router.add_get("/", lambda r: web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>",
+                                                        content_type="text/html"))
+    attacker_runner = web.AppRunner(attacker, access_log=None)
+    await attacker_runner.setup()
+    await web.TCPSite(attacker_runner, "127.0.0.1", 0).start()
+    attacker_url = f"http://127.0.0.1:{attacker_runner.addresses[0][1]}"
+    config = SimConfig(ttft_ms=20, itl_ms=2, tokens=8, prefill_us_per_token=0)
+    async with Simulator(config) as sim:
+        settings = proxy_config(sim.url, tmp, routes={"/bad": bad_url}, capture_bodies=True)
+        async with RunningProxy(settings, ui=WebUi()) as proxy:
+            async with aiohttp.ClientSession() as s:
+                for i in range(6):
+                    await chat(s, proxy.url, "gpt-4o-mini" if i % 2 else "claude-haiku-4-5", {"x-llmtap-tag": "plain"})
+                await chat(s, proxy.url, XSS_MODEL, {"x-llmtap-tag": XSS_TAG})
+                await chat(s, proxy.url, OSC_MODEL)
+                assert await chat(s, proxy.url, "bad-model", path="/bad/v1/chat/completions") == 400
+            await agent(proxy.url)  # a Claude Code session: model, tool and you spans (tests/test_timeline.py)
+            assert proxy.flush(10)
+            flags = (f"--host-resolver-rules=MAP {REBIND} 127.0.0.1",)
+            async with Chromium(CHROMIUM, width=1400, height=1000, flags=flags) as browser:
+                yield World(proxy, browser, attacker_url)
+    await bad_runner.cleanup()
+    await attacker_runner.cleanup()
+
+
+def cli_json(*args: str) -> Any:
+    result = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.output)
+
+
+async def cli(world: World, *args: str) -> Any:
+    """The CLI's `--format json`, reading through the running proxy (its state file), in a thread."""
+    write_state(world.proxy)
+    return await asyncio.to_thread(cli_json, *args, "--db", str(world.proxy.config.db_path))
+
+
+# -- the doors -----------------------------------------------------------------------------------------
+
+
+async def test_login_trades_the_ticket_for_a_cookie_and_the_url_forgets_it(world: World) -> None:
+    b = world.browser
+    await b.open(world.ui)
+    assert "forbidden" in await b.evaluate("document.body.textContent")  # no cookie yet: nothing
+    login = await world.ticket()
+    await b.open(login)
+    await b.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('nav a[aria-current]')")
+    href = await b.evaluate("location.href")
+    assert "ticket" not in href and login.rpartition("=")[2] not in href
+    assert await b.evaluate("document.cookie") == ""  # HttpOnly: the page's script cannot read it
+    assert await b.evaluate("localStorage.length + sessionStorage.length") == 0
+    html = await b.evaluate("document.documentElement.outerHTML")
+    assert login.rpartition("=")[2] not in html and world.proxy.admin_token not in html
+    async with aiohttp.ClientSession() as s:  # the ticket is good once
+        async with s.get(login, allow_redirects=False) as r:
+            assert r.status == 403
+    [cookie] = [c for c in (await b.send("Network.getCookies", urls=[world.ui]))["cookies"] if c["name"] == "llmtap_ui"]
+    async with aiohttp.ClientSession(cookies={"llmtap_ui": cookie["value"]}, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+        async with s.get(world.ui) as r:
+            assert r.status == 200
+            csp = r.headers["Content-Security-Policy"]
+            assert "default-src 'self'" in csp and "unsafe-inline" not in csp
+            assert "<script>" not in await r.text()  # no inline script: every one is a file of its own
+
+
+async def test_the_cookie_opens_reads_only(world: World) -> None:
+    cookie = (await world.browser.send("Network.getCookies", urls=[world.ui]))["cookies"]
+    [ours] = [c for c in cookie if c["name"] == "llmtap_ui"]
+    assert ours["httpOnly"] and ours["sameSite"] == "Strict" and ours["path"] == "/_llmtap/"
+    jar = {"llmtap_ui": ours["value"]}
+    async with aiohttp.ClientSession(cookies=jar, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+        async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
+            assert r.status == 200
+        async with s.post(world.proxy.url + "/_llmtap/sql", json={"sql": "SELECT 1"}) as r:
+            assert r.status == 403  # acting needs the admin token itself
+        async with s.post(world.proxy.url + "/_llmtap/ui/ticket") as r:
+            assert r.status == 403
+        async with s.get(world.proxy.url + "/_llmtap/api/requests", headers={"Sec-Fetch-Site": "cross-site"}) as r:
+            assert r.status == 403
+        async with s.get(world.proxy.url + "/_llmtap/api/requests", headers={"Origin": "http://evil.test"}) as r:
+            assert r.status == 403
+    forged = {"llmtap_ui": ours["value"][:-4] + "0000"}
+    async with aiohttp.ClientSession(cookies=forged, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+        async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
+            assert r.status == 403
+
+
+async def test_another_origin_can_neither_read_nor_act(world: World) -> None:
+    """A page on another origin of the same site (127.0.0.1, another port: the SameSite=Strict cookie
+    is sent), and one on a rebinding name (rebind.test -> 127.0.0.1)."""
+    b = world.browser
+    await b.open(world.attacker)
+    api = world.proxy.url + "/_llmtap/api/requests"
+    read = await b.evaluate(f"""fetch({orjson.dumps(api).decode()}, {{credentials: 'include'}})
+        .then(r => r.text().then(t => 'read ' + r.status + ' ' + t.slice(0, 40)), e => 'refused ' + e.name)""")
+    assert read.startswith("refused"), read  # no CORS answer: the page cannot read it
+    opaque = await b.evaluate(f"""fetch({orjson.dumps(api).decode()}, {{credentials: 'include', mode: 'no-cors'}})
+        .then(r => r.type + ' ' + r.status)""")
+    assert opaque == "opaque 0"
+    before = len(world.rows("SELECT id FROM requests WHERE error_type = 'admin_forbidden'"))
+    acts = [(world.proxy.url + "/_llmtap/sql", '{"sql": "SELECT 1"}'), (world.proxy.url + "/_llmtap/ui/ticket", "")]
+    for url, body in acts:  # simple requests (text/plain): no preflight, sent with the cookie
+        await b.evaluate(f"""fetch({orjson.dumps(url).decode()}, {{method: 'POST', credentials: 'include', mode: 'no-cors',
+            headers: {{'Content-Type': 'text/plain'}}, body: {orjson.dumps(body).decode()}}}).then(() => 1, () => 0)""")
+    def new_refusals() -> list[dict[str, Any]] | None:
+        rows = world.rows("SELECT path, status FROM requests WHERE error_type = 'admin_forbidden' ORDER BY started_at")
+        return rows[before:] if len(rows) >= before + 2 else None
+
+    refused = await wait_until(new_refusals, what="the two refused admin requests' rows")
+    assert sorted(r["path"] for r in refused) == ["/_llmtap/sql", "/_llmtap/ui/ticket"]
+    assert {r["status"] for r in refused} == {403}
+    rebound = world.ui.replace("127.0.0.1", REBIND)
+    await b.open(rebound)  # the rebinding page's own name in Host: refused, and the cookie is not its
+    assert "forbidden" in await b.evaluate("document.body.textContent")
+    rebound_api = api.replace("127.0.0.1", REBIND)
+    async with aiohttp.ClientSession() as s:
+        cookie = [c for c in (await b.send("Network.getCookies", urls=[world.ui]))["cookies"] if c["name"] == "llmtap_ui"]
+        async with s.get(api, headers={"Host": f"{REBIND}:{world.proxy.port}", "Cookie": f"llmtap_ui={cookie[0]['value']}"}) as r:
+            assert r.status == 403  # even with the cookie, a foreign Host
+    read = await b.evaluate(f"fetch({orjson.dumps(rebound_api).decode()}).then(r => r.status)")
+    assert read == 403
+
+
+# -- the pages -------------------------------------------------------------------------------------------
+
+
+async def login(world: World) -> None:
+    await world.browser.open(await world.ticket())
+    await world.browser.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('#inflight')")
+
+
+async def test_every_page_loads_without_an_error_and_only_from_the_proxy(world: World) -> None:
+    await login(world)
+    b = world.browser
+    b.errors.clear()
+    b.requested.clear()
+    [row] = world.rows("SELECT id FROM requests WHERE request_model = 'gpt-4o-mini' ORDER BY started_at LIMIT 1")
+    pages = [
+        ("#/live", "!!document.querySelector('#finished')"),
+        ("#/requests", "document.querySelectorAll('table.requests tbody tr').length > 0"),
+        (f"#/request/{row['id']}", "!!document.querySelector('#waterfall') && !!document.querySelector('#chunk-chart canvas')"),
+        ("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0"),
+        (f"#/session/{SESSION}", "!!document.querySelector('#gantt')"),
+        ("#/overview", "window.__llmtapChartsDrawn > 0 && window.__llmtapChartsDrawn === window.__llmtapChartsExpected"),
+        ("#/compare?by=model&a=claude-haiku-4-5&b=gpt-4o-mini&since=24h",
+         "!!document.querySelector('#compare-out table') || !!document.querySelector('#compare-out .error')"),
+    ]
+    for route, ready in pages:
+        await world.page(route, ready)
+    assert b.errors == [] and b.dialogs == []
+    assert all(url.startswith((world.proxy.url, "data:")) for url in b.requested), b.requested
+
+
+async def test_live_shows_a_request_in_flight_then_finished_with_the_rows_ttft(world: World) -> None:
+    b = world.browser
+    await world.page("#/live", "!!document.querySelector('#finished')")
+    await b.evaluate("""window.__seen = {}; new MutationObserver(() => {
+        document.querySelectorAll('#inflight tr[data-id], #finished tr[data-id]').forEach(tr => {
+          const k = tr.closest('table').id + ':' + tr.dataset.id; if (!(k in window.__seen)) window.__seen[k] = Date.now(); });
+      }).observe(document.getElementById('main'), {childList: true, subtree: true}); 1""")
+    slow = {"x-sim-ttft-ms": "300", "x-sim-itl-ms": "40", "x-sim-tokens": "40", "x-llmtap-tag": "live"}
+    async with aiohttp.ClientSession() as s:
+        started = time.time()
+        await chat(s, world.proxy.url, "gpt-4o-mini", slow)
+        ended = time.time()
+    [row] = world.rows("SELECT id, ttft_ms FROM requests WHERE tag = 'live'")
+    seen = await b.wait_for(f"window.__seen['finished:{row['id']}'] && window.__seen")
+    assert f"inflight:{row['id']}" in seen  # it was shown while streaming (2 s, eight ticks)
+    assert seen[f"inflight:{row['id']}"] / 1000 - started < LIVE_S
+    assert seen[f"finished:{row['id']}"] / 1000 - ended < LIVE_S
+    ttft = await b.evaluate(f"document.querySelector('#finished tr[data-id=\"{row['id']}\"] td:nth-child(8)').dataset.value")
+    assert float(ttft) == pytest.approx(row["ttft_ms"], abs=1e-6)
+
+
+async def test_the_waterfall_is_the_rows_columns_and_the_request_is_shows(world: World) -> None:
+    [row] = world.rows("SELECT * FROM requests WHERE request_model = 'gpt-4o-mini' ORDER BY started_at LIMIT 1")
+    await world.page(f"#/request/{row['id']}", "!!document.querySelector('#waterfall')")
+    parts = await world.browser.evaluate(
+        "[...document.querySelectorAll('#waterfall .label')].map(l => [l.textContent, +l.nextSibling.nextSibling.dataset.value])")
+    columns = {"proxy overhead": "proxy_overhead_ms", "pool wait": "pool_wait_ms", "llmtap wait": "proxy_wait_ms",
+               "DNS": "dns_ms", "connect": "connect_ms", "TLS": "tls_ms", "upstream wait": "upstream_wait_ms",
+               "headers → first token": "headers_to_first_token_ms", "decode": "decode_ms"}
+    shown = {label: value for label, value in parts}
+    for label, column in columns.items():
+        if row[column] is not None:
+            assert shown[label] == pytest.approx(row[column], abs=1e-3), label
+    assert sum(shown[label] for label in columns if label in shown) == pytest.approx(row["last_token_ms"], abs=0.01)
+    shown_json = await cli(world, "show", row["id"])
+    async with aiohttp.ClientSession() as s, s.get(world.proxy.url + f"/_llmtap/api/request/{row['id']}",
+                                                   headers={TOKEN_HEADER: world.proxy.admin_token}) as r:
+        api = await r.json()
+    assert api["request"] == shown_json["request"] and api["chunks"] == shown_json["chunks"]
+    ttft = await world.browser.evaluate("document.querySelector('dd[data-key=ttft_ms]').textContent")
+    assert ttft == (f"{round(row['ttft_ms'])} ms" if row["ttft_ms"] >= 10 else f"{row['ttft_ms']:.1f} ms")
+    assert len(api["chunks"]) == row["output_events"] and api["bodies"]["response_body"]
+
+
+async def test_a_sessions_spans_are_the_clis(world: World) -> None:
+    expected = await cli(world, "session", SESSION)
+    await world.page(f"#/session/{SESSION}", "!!document.querySelector('#gantt')")
+    spans = await world.browser.evaluate(
+        "[...document.querySelectorAll('tr.span')].map(tr => [...tr.children].map(td => td.dataset.value))")
+    assert [[float(a), kind, part, None if s == "" else float(s), rid] for a, kind, part, s, rid in spans] == \
+        [[sp["start_s"], sp["kind"], sp["part"], sp["seconds"], sp["request_id"]] for sp in expected["spans"]]
+    listed = await cli(world, "sessions")
+    await world.page("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0")
+    walls = await world.browser.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('tr[data-session]')].map(tr => [tr.dataset.session, +tr.children[3].dataset.value]))")
+    assert walls == {s["session"]: s["wall_s"] for s in listed}
+
+
+async def test_overview_and_requests_numbers_are_the_clis(world: World) -> None:
+    report = await cli(world, "report", "--by", "model")
+    await world.page("#/overview", "document.querySelectorAll('table.summary tbody tr').length > 0")
+    shown = await world.browser.evaluate("""Object.fromEntries([...document.querySelectorAll('table.summary tbody tr')]
+        .map(tr => [tr.dataset.model, [1, 3, 6].map(i => tr.children[i].dataset.value)]))""")
+    assert len(report["groups"]) >= 5
+    for group in report["groups"]:
+        requests, ttft, e2e = (None if v == "" else float(v) for v in shown[group["model"]])
+        assert requests == group["requests"]
+        for page, cli_value in ((ttft, group["ttft_p50_ms"]), (e2e, group["e2e_p50_ms"])):
+            assert (page is None) == (cli_value is None), group["model"]
+            if page is not None:
+                assert page == pytest.approx(cli_value, abs=0.05)  # the CLI's JSON rounds to 0.1 ms
+    every = await cli(world, "report", "--all")
+    await world.page("#/requests?since=", "document.querySelectorAll('table.requests tbody tr').length > 0")
+    assert (await world.browser.evaluate("document.getElementById('range').textContent")).endswith(f"of {every['requests']}")
+
+
+async def test_hostile_text_is_shown_as_text(world: World) -> None:
+    b = world.browser
+    await world.page("#/requests?since=&limit=100", "document.querySelectorAll('table.requests tbody tr').length > 0")
+    cells = await b.evaluate("[...document.querySelectorAll('table.requests td')].map(td => td.dataset.value)")
+    assert XSS_MODEL in cells and OSC_MODEL in cells and XSS_TAG in cells and XSS_MESSAGE in cells
+    assert XSS_MODEL in await world.text()
+    [bad] = world.rows("SELECT id FROM requests WHERE request_model = 'bad-model'")
+    await world.page(f"#/request/{bad['id']}", "!!document.querySelector('#error-message')")
+    assert XSS_MESSAGE in await b.evaluate("document.getElementById('error-message').textContent")
+    assert await b.evaluate("document.querySelectorAll('#diagnosis li').length") >= 1
+    [xss] = world.rows("SELECT id FROM requests WHERE request_model LIKE '<script>%'")
+    await world.page(f"#/request/{xss['id']}", "!!document.querySelector('dd[data-key=request_model]')")
+    assert await b.evaluate("document.querySelector('dd[data-key=request_model]').textContent") == XSS_MODEL
+    await world.page("#/live", "!!document.querySelector('#finished')")
+    assert await b.evaluate("document.querySelectorAll('main img, main script').length") == 0
+    assert await b.evaluate("window.__xss === undefined") and b.dialogs == [] and b.errors == []
+
+
+async def test_an_800_px_window_stays_usable(world: World) -> None:
+    b = world.browser
+    await b.resize(800, 900)
+    try:
+        [row] = world.rows("SELECT id FROM requests WHERE request_model = 'gpt-4o-mini' ORDER BY started_at LIMIT 1")
+        for route, ready in (("#/requests?since=", "document.querySelectorAll('table.requests tbody tr').length > 0"),
+                             (f"#/request/{row['id']}", "!!document.querySelector('#waterfall')"),
+                             (f"#/session/{SESSION}", "!!document.querySelector('#gantt')"),
+                             ("#/overview", "window.__llmtapChartsDrawn > 0"), ("#/live", "!!document.querySelector('#finished')")):
+            await world.page(route, ready)
+            width = await b.evaluate("document.documentElement.scrollWidth")
+            assert width <= 800, (route, width)  # wide tables scroll inside their box, not the page
+            hidden = await b.evaluate("""[...document.querySelectorAll('nav a, form button, .pager button')].filter(el => {
+                const r = el.getBoundingClientRect(); return r.right > 800 || r.width === 0; }).map(el => el.textContent)""")
+            assert hidden == [], route
+    finally:
+        await b.resize(1400, 1000)
+
+
+async def test_the_keyboard_reaches_every_control(world: World) -> None:
+    b = world.browser
+    for route, ready in (("#/requests?since=&limit=5", "document.querySelectorAll('table.requests tbody tr').length > 0"),
+                         ("#/compare", "!!document.querySelector('#f-by')")):
+        await world.page(route, ready)
+        controls = await b.evaluate("""(() => { const all = [...document.querySelectorAll('a[href], button, input, select')]
+            .filter(el => !el.disabled); all.forEach((el, i) => el.dataset.k = i); return all.length; })()""")
+        await b.evaluate("document.activeElement && document.activeElement.blur(); 1")
+        reached = set()
+        for _ in range(2 * controls + 6):  # from wherever focus starts, round the page once at least
+            await b.press("Tab", 9)
+            key = await b.evaluate("document.activeElement && document.activeElement.dataset.k || null")
+            if key is not None:
+                reached.add(int(key))
+        missed = await b.evaluate(f"[...document.querySelectorAll('[data-k]')].filter(el => !{sorted(reached)}.includes(+el.dataset.k)).map(el => el.outerHTML.slice(0, 120))")
+        assert missed == [], route
+    await world.page("#/requests?since=&limit=5", "!!document.querySelector('th button[data-sort=ttft_ms]')")
+    await b.evaluate("document.querySelector('th button[data-sort=ttft_ms]').focus(); 1")
+    await b.press("Enter", 13)  # a sort is a button: Enter works it
+    await b.wait_for("location.hash.includes('sort=ttft_ms')")
+
+
+async def test_a_cookie_is_good_for_its_token_and_its_hours_only() -> None:
+    from proxy.relay import ui_doors
+
+    issued = 1_800_000_000.0
+    cookie = ui_doors.make_cookie("token-a", now=issued)
+    assert ui_doors.cookie_valid(cookie, "token-a", now=issued + 60)
+    assert not ui_doors.cookie_valid(cookie, "token-b", now=issued + 60)  # a restart's new token ends it
+    assert not ui_doors.cookie_valid(cookie, "token-a", now=issued + ui_doors.COOKIE_S + 1)
+    version, when, nonce, mac = cookie.split(".")
+    assert not ui_doors.cookie_valid(f"{version}.{int(when) + 3600}.{nonce}.{mac}", "token-a", now=issued + 60)
+    assert not ui_doors.cookie_valid("", "token-a") and not ui_doors.cookie_valid(cookie, "")
+    tickets = ui_doors.Tickets()
+    ticket = tickets.issue()
+    assert tickets.redeem(ticket) and not tickets.redeem(ticket) and not tickets.redeem("")
+    for _ in range(ui_doors.MAX_TICKETS + 1):
+        tickets.issue()
+    assert len(tickets._open) == ui_doors.MAX_TICKETS  # unused ones are bounded
