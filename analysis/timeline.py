@@ -276,14 +276,14 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
     medians = {k: {m: statistics.median(c[m]) for m in METRICS if c[m]} for k, c in cells.items()}
     typical = _peer_medians(medians, at)
     by_key = {s.key: s for s in found}
-    for cell in cells:  # in the rows' order: a session's first finding is the one it shows
-        key, model = cell
+    for place in cells:  # in the rows' order: a session's first finding is the one it shows
+        key, model = place
         for metric in METRICS:
-            peers = typical.get((cell, metric))
+            peers = typical.get((place, metric))
             if peers is None:
                 continue
             count, middle = peers
-            mine = medians[cell][metric]
+            mine = medians[place][metric]
             if middle > 0 and mine >= SLOW_FACTOR * middle and by_key[key].slow is None:
                 by_key[key].slow = (f"{metric} {mine / middle:.1f}x the median of {count} other sessions"
                                     f" on {model} within the hour")
@@ -318,9 +318,15 @@ def _peer_medians(medians: dict[tuple[str, str], dict[str, float]], at: dict[tup
                 if n < 2:
                     continue
                 skip = bisect_left(window, mine)
-
-                def kth(k: int) -> float:
-                    return window[k if k < skip else k + 1]
-
-                out[(cell, metric)] = (n, kth(n // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2)
+                out[(cell, metric)] = (n, _median_without(window, skip))
     return out
+
+
+def _median_without(window: list[float], skip: int) -> float:
+    """The median of a sorted window less its element at `skip`."""
+    n = len(window) - 1
+
+    def kth(k: int) -> float:
+        return window[k if k < skip else k + 1]
+
+    return kth(n // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2

@@ -159,11 +159,8 @@ def run(p: Params, nginx: bool, loader: str, keep: bool, against: Path | None = 
 @click.option("--against", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="One more column: llmtap (measuring) from this source tree, e.g. a git worktree of main.")
 def main(rounds: int | None, streams: int | None, open_streams: int | None, seconds: float | None, loader: str,
-<<<<<<< HEAD
-         no_nginx: bool, no_caddy: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None) -> None:
-=======
-         no_nginx: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None, page: bool) -> None:
->>>>>>> ui
+         no_nginx: bool, no_caddy: bool, quick: bool, json_path: Path | None, keep: bool, against: Path | None,
+         page: bool) -> None:
     """Measure llmtap's own cost against direct, relay-only and nginx."""
     p = QUICK if quick else Params()
     p = replace(p, **{k: v for k, v in {"rounds": rounds, "streams": streams, "open_streams": open_streams,

@@ -216,7 +216,7 @@ async def ui(request: web.Request, state: AppState, name: str) -> web.StreamResp
 async def api(request: web.Request, state: AppState, name: str) -> web.Response:
     """`GET /_llmtap/api/<name>?...`: one of the UI's figures, computed (queries and all) in an admin SQL
     thread as `llmtap sql` is, on one cursor (`store.reader`); the answer is JSON made there too."""
-    if state.store is None or state.admin_sql is None:
+    if state.store is None or state.admin_sql is None or state.ui is None:
         return _ui_json(b'{"error": "this proxy is not recording to a database"}', 400)
     handler = state.ui.endpoint(name)
     if handler is None:
