@@ -188,7 +188,7 @@ class Bench:
                     raise BenchError(f"the live viewer did not start:\n{self.procs.log_tail(f'viewer-{target.name}')}")
             window: dict[str, float] = {}
 
-            def started() -> None:
+            def started(window: dict[str, float] = window) -> None:
                 window["cpu"] = cpu_seconds(target.pids())
 
             try:
