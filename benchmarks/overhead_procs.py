@@ -20,9 +20,11 @@ from pathlib import Path
 
 import aiohttp
 
-from tests import procfs
 from proxy.common import instances as running
-from tests.state_files import state_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: its tests/ helpers, as a script
+from tests import procfs  # noqa: E402
+from tests.state_files import state_of  # noqa: E402
 
 LLMTAP = [sys.executable, "-m", "proxy"]  # the `llmtap` console script, without relying on PATH
 TASKSET = shutil.which("taskset")

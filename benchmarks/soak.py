@@ -33,9 +33,11 @@ from pathlib import Path
 import aiohttp
 import duckdb
 
-from tests import procfs
 from proxy.common import instances as running
-from tests.state_files import state_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: its tests/ helpers, as a script
+from tests import procfs  # noqa: E402
+from tests.state_files import state_of  # noqa: E402
 
 RSS_TOLERANCE_MB = 15.0  # over the measured window, beyond the warm-up
 DUCKDB_MEMORY = "SELECT sum(memory_usage_bytes) FROM duckdb_memory()"

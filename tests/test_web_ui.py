@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from analysis.web import WebUi
 from proxy.cli import main
 from proxy.common.instances import TOKEN_HEADER
-from proxy.serve.server import RunningProxy, write_state
+from proxy.serve.server import write_state
+from tests.serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
 
@@ -169,7 +170,7 @@ async def test_the_cookie_opens_reads_only(world: World) -> None:
     jar = {"llmtap_ui": ours["value"]}
     async with aiohttp.ClientSession(cookies=jar, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
         async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
-            assert r.status == 200
+            assert r.status == 200, await r.text()
         async with s.post(world.proxy.url + "/_llmtap/sql", json={"sql": "SELECT 1"}) as r:
             assert r.status == 403  # acting needs the admin token itself
         async with s.post(world.proxy.url + "/_llmtap/ui/ticket") as r:
