@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.filters import sql_string
+
 Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
@@ -112,23 +114,40 @@ class Session:
 def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
     oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
+    return newest(query, where, gap_s)[1]
+
+
+def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None
+           ) -> tuple[int, list[Session]]:
+    """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
+    the same sessions, spans and flags, their timelines built for those alone (a day of 20,000
+    sessions, listed a page at a time by the web UI)."""
     have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
     columns, _, data = query(ROWS_SQL.format(where=where, cost="cost_usd" if "cost_usd" in have else "NULL"))
     rows = [dict(zip(columns, r)) for r in data]
-    runs: Runs = defaultdict(list)
-    if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
-        for request_id, name, answered in query(RUNS_SQL.format(where=where))[2]:
-            runs[request_id].append((name, answered))
-    found: list[Session] = []
+    keyed: list[tuple[str, list[dict[str, Any]]]] = []
     parts: dict[str, int] = defaultdict(int)
     for group in _groups(rows, gap_s):
+        key = _key(group[0])
+        parts[key] += 1
+        keyed.append((f"{key}/{parts[key]}" if parts[key] > 1 else key, group))
+    keyed.sort(key=lambda kg: kg[1][0]["t0"])  # stable: as `sessions` sorted them by their start
+    shown = keyed if count is None else keyed[len(keyed) - count:] if count > 0 else []
+    runs: Runs = defaultdict(list)
+    if shown and "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
+        ids = where if count is None else "id IN ({})".format(
+            ", ".join(sql_string(row["id"]) for _, group in shown for row in group))
+        for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
+            runs[request_id].append((name, answered))
+    found = []
+    for key, group in shown:
         session = timeline(group, runs)
-        parts[session.key] += 1
-        if parts[session.key] > 1:
-            session.key = f"{session.key}/{parts[session.key]}"
+        session.key = key
         found.append(session)
-    flag_slow(found, rows)
-    return sorted(found, key=lambda s: s.start_s)
+    flags = _slow_flags(keyed, None if count is None else {key for key, _ in shown})
+    for session in found:
+        session.slow = flags.get(session.key)
+    return len(keyed), found
 
 
 def find(all_sessions: Iterable[Session], key: str) -> list[Session]:
@@ -260,33 +279,63 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
     """Flag a session whose median TPOT, or TTFT per input token, on a model is SLOW_FACTOR times the
     median of at least two other sessions on that model within PEER_WINDOW_S of it (the medians of
     their requests' times; anthropics/claude-code#91413)."""
-    of = {span.request_id: s for s in found for span in s.spans if span.kind == "model"}
-    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    of = {span.request_id: s.key for s in found for span in s.spans if span.kind == "model"}
+    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        s = of.get(row["id"])
-        if s is None or row["outcome"] != "ok" or not row["request_model"]:
-            continue
-        cell = cells[(s.key, row["request_model"])]
-        cell["t0"].append(row["t0"])
-        if row["tpot_ms"] is not None:
-            cell["TPOT"].append(row["tpot_ms"])
-        if row["ttft_ms"] is not None and row["input_tokens"]:
-            cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+        if row["id"] in of:
+            members[of[row["id"]]].append(row)
+    flags = _slow_flags(list(members.items()))
+    for s in found:
+        if s.slow is None:
+            s.slow = flags.get(s.key)
+
+
+def _slow_flags(groups: list[tuple[str, list[dict[str, Any]]]], wanted: set[str] | None = None) -> dict[str, str]:
+    """`flag_slow`'s findings by session key, for sessions given as (key, their rows in time order);
+    for the sessions `wanted` alone (None: all), the medians of those near them alone computed (a
+    cell's time is the median of its rows' starts, within its session's first and last)."""
+    if wanted is not None:
+        mine = _cells([g for g in groups if g[0] in wanted])
+        starts = [statistics.median(c["t0"]) for c in mine.values()]
+        low, high = min(starts, default=0.0) - PEER_WINDOW_S, max(starts, default=0.0) + PEER_WINDOW_S
+        groups = [g for g in groups if g[0] not in wanted and g[1][0]["t0"] <= high and g[1][-1]["t0"] >= low]
+        cells = {**mine, **_cells(groups)}
+    else:
+        cells = _cells(groups)
     at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
     medians = {k: {m: statistics.median(c[m]) for m in METRICS if c[m]} for k, c in cells.items()}
     typical = _peer_medians(medians, at)
-    by_key = {s.key: s for s in found}
-    for place in cells:  # in the rows' order: a session's first finding is the one it shows
+    flags: dict[str, str] = {}
+    for place in cells:  # a session's first finding (in its rows' order) is the one it shows
         key, model = place
+        if wanted is not None and key not in wanted:
+            continue
         for metric in METRICS:
             peers = typical.get((place, metric))
             if peers is None:
                 continue
             count, middle = peers
-            mine = medians[place][metric]
-            if middle > 0 and mine >= SLOW_FACTOR * middle and by_key[key].slow is None:
-                by_key[key].slow = (f"{metric} {mine / middle:.1f}x the median of {count} other sessions"
-                                    f" on {model} within the hour")
+            value = medians[place][metric]
+            if middle > 0 and value >= SLOW_FACTOR * middle and key not in flags:
+                flags[key] = (f"{metric} {value / middle:.1f}x the median of {count} other sessions"
+                              f" on {model} within the hour")
+    return flags
+
+
+def _cells(groups: list[tuple[str, list[dict[str, Any]]]]) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """(session key, model) -> the starts, TPOTs and TTFTs per input token of its successful requests."""
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for key, rows in groups:
+        for row in rows:
+            if row["outcome"] != "ok" or not row["request_model"]:
+                continue
+            cell = cells[(key, row["request_model"])]
+            cell["t0"].append(row["t0"])
+            if row["tpot_ms"] is not None:
+                cell["TPOT"].append(row["tpot_ms"])
+            if row["ttft_ms"] is not None and row["input_tokens"]:
+                cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+    return cells
 
 
 METRICS = ("TPOT", "TTFT per input token")
