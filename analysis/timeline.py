@@ -42,6 +42,37 @@ SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, sess
   request_model, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms, outcome
 FROM requests WHERE kind = 'generation' AND {where} ORDER BY started_at, id
 """
+# The sessions, grouped as the module docstring says: by session id (an empty one is none), else tool
+# and key, each split where its requests so far had ended more than {gap} s before the next began.
+# A session is (seen, part): the first row number of its group, its part within it; its key is the
+# first request's session id or `~` and its id, `/2`, `/3` for a later one of the same key.
+GROUPED_SQL = """
+WITH r AS (
+  SELECT *, row_number() OVER (ORDER BY started_at, id) AS n, t0 + e2e_ms / 1000 AS t1,
+    nullif(session_id, '') AS sid, CASE WHEN sid IS NULL THEN tool END AS g_tool,
+    CASE WHEN sid IS NULL THEN key_fingerprint END AS g_key
+  FROM (SELECT started_at, {columns} FROM requests WHERE kind = 'generation' AND {where})),
+e AS (
+  SELECT *, min(n) OVER (PARTITION BY sid, g_tool, g_key) AS seen,
+    coalesce(t0 - greatest(first_value(t0) OVER (PARTITION BY sid, g_tool, g_key ORDER BY n),
+      max(t1) OVER (PARTITION BY sid, g_tool, g_key ORDER BY n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
+      > {gap}, false) AS split
+  FROM r),
+p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBOUNDED PRECEDING) AS part FROM e)
+"""
+SESSIONS_SQL = GROUPED_SQL + """, s AS (
+  SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
+    max(t0) AS last_s FROM p GROUP BY seen, part)
+SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s
+FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)
+ORDER BY start_s, seen, part
+"""
+GROUP_ROWS_SQL = GROUPED_SQL + """
+SELECT {names}, seen, part FROM p {which} ORDER BY n
+"""
+COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
+           "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
+           "outcome")
 # Each call of those requests and when its result came (the `tool_runs` view, analysis/views.py).
 RUNS_SQL = """
 SELECT request_id, name, epoch(answered_at) AS answered FROM tool_runs
@@ -120,58 +151,48 @@ def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Se
 def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None
            ) -> tuple[int, list[Session]]:
     """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
-    the same sessions, spans and flags, their timelines built for those alone (a day of 20,000
-    sessions, listed a page at a time by the web UI)."""
+    the same sessions, spans and flags, the requests of those alone and of those near enough to be
+    their peers (`flag_slow`) read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
     have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
-    columns, _, data = query(ROWS_SQL.format(where=where, cost="cost_usd" if "cost_usd" in have else "NULL"))
-    rows = [dict(zip(columns, r)) for r in data]
-    keyed: list[tuple[str, list[dict[str, Any]]]] = []
-    parts: dict[str, int] = defaultdict(int)
-    for group in _groups(rows, gap_s):
-        key = _key(group[0])
-        parts[key] += 1
-        keyed.append((f"{key}/{parts[key]}" if parts[key] > 1 else key, group))
-    keyed.sort(key=lambda kg: kg[1][0]["t0"])  # stable: as `sessions` sorted them by their start
-    shown = keyed if count is None else keyed[len(keyed) - count:] if count > 0 else []
+    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
+    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
+    grouped = {"columns": columns, "where": where, "gap": repr(float(gap_s))}
+    listed = query(SESSIONS_SQL.format(**grouped))[2]  # (key, seen, part, start_s, last_s), by start
+    shown = listed if count is None else listed[len(listed) - count:] if count > 0 else []
+    if not shown:
+        return len(listed), []
+    which = ""
+    if count is not None:  # a shown session's peers are within PEER_WINDOW_S of its requests
+        low = min(s[3] for s in shown) - PEER_WINDOW_S
+        high = max(s[4] for s in shown) + PEER_WINDOW_S
+        near = [s for s in listed if s[3] <= high and s[4] >= low]
+        which = "WHERE (seen, part) IN ({})".format(", ".join(f"({s[1]}, {s[2]})" for s in near))
+    out_columns, _, data = query(GROUP_ROWS_SQL.format(**grouped, names=names, which=which))
+    members: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in data:
+        row = dict(zip(out_columns, r))
+        members[(row.pop("seen"), row.pop("part"))].append(row)
+    keyed = [(s[0], members[(s[1], s[2])]) for s in listed if (s[1], s[2]) in members]
     runs: Runs = defaultdict(list)
-    if shown and "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
+    if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
         ids = where if count is None else "id IN ({})".format(
-            ", ".join(sql_string(row["id"]) for _, group in shown for row in group))
+            ", ".join(sql_string(row["id"]) for s in shown for row in members[(s[1], s[2])]))
         for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
             runs[request_id].append((name, answered))
     found = []
-    for key, group in shown:
-        session = timeline(group, runs)
+    for key, seen, part, _, _ in shown:
+        session = timeline(members[(seen, part)], runs)
         session.key = key
         found.append(session)
-    flags = _slow_flags(keyed, None if count is None else {key for key, _ in shown})
+    flags = _slow_flags(keyed, None if count is None else {s.key for s in found})
     for session in found:
         session.slow = flags.get(session.key)
-    return len(keyed), found
+    return len(listed), found
 
 
 def find(all_sessions: Iterable[Session], key: str) -> list[Session]:
     """The sessions whose key starts with `key` (as `llmtap show` takes an id's prefix)."""
     return [s for s in all_sessions if s.key == key] or [s for s in all_sessions if s.key.startswith(key)]
-
-
-def _groups(rows: list[dict[str, Any]], gap_s: float) -> list[list[dict[str, Any]]]:
-    """Rows by session (or tool and key), each split where it went quiet for longer than `gap_s`."""
-    by: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by[(row["session_id"],) if row["session_id"] else ("~", row["tool"], row["key_fingerprint"])].append(row)
-    groups = []
-    for members in by.values():
-        part: list[dict[str, Any]] = []
-        end = None
-        for row in members:  # in time order
-            if end is not None and row["t0"] - end > gap_s:
-                groups.append(part)
-                part = []
-            part.append(row)
-            end = max(end or row["t0"], _end(row))
-        groups.append(part)
-    return groups
 
 
 def _end(row: dict[str, Any]) -> float:
