@@ -235,11 +235,15 @@ def _slopes(x: np.ndarray, y: np.ndarray, pairs: tuple[np.ndarray, np.ndarray]) 
     requests. A pair of equal input lengths has no slope: every other one of them counts as +inf,
     the rest as −inf, which leaves the median about the other pairs'. No pair with a slope: 0."""
     p, q = pairs
-    dx = x[:, q] - x[:, p]
+    return _theil_sen(x[:, q] - x[:, p], y[:, q] - y[:, p])
+
+
+def _theil_sen(dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """`_slopes` from the pairs' differences of input (dx) and of the metric (dy), a row each."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        slopes = (y[:, q] - y[:, p]) / dx
-        slopes = np.where(dx == 0, _FLAT[p.size], slopes)
-        out = np.median(slopes, axis=1)  # the middle two +inf and −inf: NaN, no slope
+        slopes = dy / dx
+        slopes = np.where(dx == 0, _FLAT[dx.shape[1]], slopes)
+        out = np.median(slopes, axis=1, overwrite_input=True)  # the middle two +inf and −inf: NaN, no slope
     return np.where(np.isfinite(out), out, 0.0)
 
 
@@ -273,7 +277,14 @@ def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, res
     for start in range(0, resamples, step):
         stop = min(resamples, start + step)
         rows = rng.integers(0, n, size=(stop - start, n))
-        out[start:stop] = _levels(s.inputs[rows], s.values[rows], at, pairs)[0]
+        # np.take: the same values as s.inputs[rows] (and x[:, q] as s.inputs[rows[:, q]]), gathered faster
+        x, y = np.take(s.inputs, rows), np.take(s.values, rows)
+        if at is None:
+            out[start:stop] = np.median(y, axis=1, overwrite_input=True)
+            continue
+        p, q = (np.take(rows, side, axis=1) for side in pairs)
+        slope = _theil_sen(np.take(s.inputs, q) - np.take(s.inputs, p), np.take(s.values, q) - np.take(s.values, p))
+        out[start:stop] = np.median(y - slope[:, None] * (x - at), axis=1, overwrite_input=True)  # as `_levels`
     return out
 
 
