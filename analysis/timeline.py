@@ -60,16 +60,20 @@ e AS (
   FROM r),
 p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBOUNDED PRECEDING) AS part FROM e)
 """
+# Those sessions (`ord`: by their start), how many, the newest {count} of them (`shown`) and each
+# request of those and of the sessions within PEER_WINDOW_S of them (their peers for `flag_slow`).
 SESSIONS_SQL = GROUPED_SQL + """, s AS (
   SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
-    max(t0) AS last_s FROM p GROUP BY seen, part)
-SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s
-FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)
-ORDER BY start_s, seen, part
+    max(t0) AS last_s FROM p GROUP BY seen, part),
+o AS (
+  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s,
+    row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
+  FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)),
+w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o WHERE ord > total - {count}),
+near AS (SELECT o.* FROM o, w WHERE ord > total - {count} OR (start_s <= high AND last_s >= low))
+SELECT {names}, key, ord, ord > total - {count} AS shown, total FROM p JOIN near USING (seen, part) ORDER BY n
 """
-GROUP_ROWS_SQL = GROUPED_SQL + """
-SELECT {names}, seen, part FROM p {which} ORDER BY n
-"""
+COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
 COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
            "outcome")
@@ -157,38 +161,38 @@ def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int |
     columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
     names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
     grouped = {"columns": columns, "where": where, "gap": repr(float(gap_s))}
-    listed = query(SESSIONS_SQL.format(**grouped))[2]  # (key, seen, part, start_s, last_s), by start
-    shown = listed if count is None else listed[len(listed) - count:] if count > 0 else []
-    if not shown:
-        return len(listed), []
-    which = ""
-    if count is not None:  # a shown session's peers are within PEER_WINDOW_S of its requests
-        low = min(s[3] for s in shown) - PEER_WINDOW_S
-        high = max(s[4] for s in shown) + PEER_WINDOW_S
-        near = {(s[1], s[2]) for s in listed if s[3] <= high and s[4] >= low}
-        if len(near) < len(listed) // 2:  # else reading them all is as quick
-            which = "WHERE seen IN ({})".format(", ".join(str(seen) for seen in sorted({n[0] for n in near})))
-    out_columns, _, data = query(GROUP_ROWS_SQL.format(**grouped, names=names, which=which))
-    members: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    if count is not None and count <= 0:
+        return int(query(COUNT_SQL.format(**grouped))[2][0][0]), []
+    out_columns, _, data = query(SESSIONS_SQL.format(**grouped, names=names, window=repr(PEER_WINDOW_S),
+                                                     count="total" if count is None else int(count)))
+    members: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    keys, shown, total = {}, [], 0
     for r in data:
         row = dict(zip(out_columns, r))
-        members[(row.pop("seen"), row.pop("part"))].append(row)
-    keyed = [(s[0], members[(s[1], s[2])]) for s in listed if (s[1], s[2]) in members]
+        ord_, total = row.pop("ord"), row.pop("total")
+        keys[ord_] = row.pop("key")
+        if row.pop("shown") and ord_ not in members:
+            shown.append(ord_)
+        members[ord_].append(row)
+    shown.sort()
+    if not shown:
+        return total, []
+    keyed = [(keys[o], members[o]) for o in sorted(members)]
     runs: Runs = defaultdict(list)
     if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
         ids = where if count is None else "id IN ({})".format(
-            ", ".join(sql_string(row["id"]) for s in shown for row in members[(s[1], s[2])]))
+            ", ".join(sql_string(row["id"]) for o in shown for row in members[o]))
         for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
             runs[request_id].append((name, answered))
     found = []
-    for key, seen, part, _, _ in shown:
-        session = timeline(members[(seen, part)], runs)
-        session.key = key
+    for o in shown:
+        session = timeline(members[o], runs)
+        session.key = keys[o]
         found.append(session)
     flags = _slow_flags(keyed, None if count is None else {s.key for s in found})
     for session in found:
         session.slow = flags.get(session.key)
-    return len(listed), found
+    return total, found
 
 
 def find(all_sessions: Iterable[Session], key: str) -> list[Session]:
