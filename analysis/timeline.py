@@ -60,8 +60,8 @@ e AS (
   FROM r),
 p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBOUNDED PRECEDING) AS part FROM e)
 """
-# Those sessions (`ord`: by their start), how many, the newest {count} of them (`shown`) and each
-# request of those and of the sessions within PEER_WINDOW_S of them (their peers for `flag_slow`).
+# Those sessions (`ord`: by their start), how many, those {shown} picks and each request of those and
+# of the sessions within PEER_WINDOW_S of them (their peers for `flag_slow`).
 SESSIONS_SQL = GROUPED_SQL + """, s AS (
   SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
     max(t0) AS last_s FROM p GROUP BY seen, part),
@@ -69,9 +69,10 @@ o AS (
   SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s,
     row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
   FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)),
-w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o WHERE ord > total - {count}),
-near AS (SELECT o.* FROM o, w WHERE ord > total - {count} OR (start_s <= high AND last_s >= low))
-SELECT {names}, key, ord, ord > total - {count} AS shown, total FROM p JOIN near USING (seen, part) ORDER BY n
+o2 AS (SELECT *, {shown} AS shown FROM o),
+w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o2 WHERE shown),
+near AS (SELECT o2.* FROM o2, w WHERE shown OR (start_s <= high AND last_s >= low))
+SELECT {names}, key, ord, shown, total FROM p JOIN near USING (seen, part) ORDER BY n
 """
 COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
 COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
@@ -157,14 +158,25 @@ def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int |
     """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
     the same sessions, spans and flags, the requests of those alone and of those near enough to be
     their peers (`flag_slow`) read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
-    have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
-    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
-    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
-    grouped = {"columns": columns, "where": where, "gap": repr(float(gap_s))}
     if count is not None and count <= 0:
-        return int(query(COUNT_SQL.format(**grouped))[2][0][0]), []
+        return int(query(COUNT_SQL.format(**_grouped(query, where, gap_s)[1]))[2][0][0]), []
+    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}")
+
+
+def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
+    """`find(sessions(...), key)`: the sessions whose key is `key`, else those it starts, their
+    timelines alone built (`llmtap session KEY`, the web UI's session page)."""
+    k = sql_string(key)
+    return _picked(query, where, gap_s, f"CASE WHEN sum((key = {k})::INTEGER) OVER () > 0 THEN key = {k}"
+                                        f" ELSE starts_with(key, {k}) END")[1]
+
+
+def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int, list[Session]]:
+    """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks."""
+    have, grouped = _grouped(query, where, gap_s)
+    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
     out_columns, _, data = query(SESSIONS_SQL.format(**grouped, names=names, window=repr(PEER_WINDOW_S),
-                                                     count="total" if count is None else int(count)))
+                                                     shown=shown_sql))
     members: dict[int, list[dict[str, Any]]] = defaultdict(list)
     keys, shown, total = {}, [], 0
     for r in data:
@@ -180,7 +192,7 @@ def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int |
     keyed = [(keys[o], members[o]) for o in sorted(members)]
     runs: Runs = defaultdict(list)
     if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
-        ids = where if count is None else "id IN ({})".format(
+        ids = where if shown_sql == "TRUE" else "id IN ({})".format(
             ", ".join(sql_string(row["id"]) for o in shown for row in members[o]))
         for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
             runs[request_id].append((name, answered))
@@ -189,10 +201,17 @@ def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int |
         session = timeline(members[o], runs)
         session.key = keys[o]
         found.append(session)
-    flags = _slow_flags(keyed, None if count is None else {s.key for s in found})
+    flags = _slow_flags(keyed, None if shown_sql == "TRUE" else {s.key for s in found})
     for session in found:
         session.slow = flags.get(session.key)
     return total, found
+
+
+def _grouped(query: Query, where: str, gap_s: float) -> tuple[set[str], dict[str, str]]:
+    """The columns the database has (a bare table or an older database lacks some) and GROUPED_SQL's terms."""
+    have = set(query("SELECT * FROM requests LIMIT 0")[0])
+    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
+    return have, {"columns": columns, "where": where, "gap": repr(float(gap_s))}
 
 
 def find(all_sessions: Iterable[Session], key: str) -> list[Session]:

@@ -225,7 +225,7 @@ def _groups_by_definition(rows: list[dict[str, Any]], gap_s: float) -> list[list
 
 def test_the_newest_sessions_are_those_of_all_and_the_groups_are_as_defined() -> None:
     """`newest` (the web UI's page) gives what `sessions` gives for its newest, with the same flags and
-    total; both group as the definition does (gaps, ids empty or none, one id prefix twice)."""
+    total, and `matching` what `find` finds among them; all group as the definition does (gaps, ids empty or none, one id prefix twice)."""
     import random
 
     from analysis.session_report import session_json
@@ -253,6 +253,9 @@ def test_the_newest_sessions_are_those_of_all_and_the_groups_are_as_defined() ->
             assert total == len(every)
             assert [session_json(s, spans=True) for s in page] == [session_json(s, spans=True)
                                                                    for s in every[max(0, len(every) - count):] if count]
+        for key in {s.key for s in every[::7]} | {"s1", "~", "s2/", "nothing"}:  # a key, a prefix, none
+            assert [session_json(s, spans=True) for s in timeline.matching(query, key, gap_s=gap_s)] == \
+                [session_json(s, spans=True) for s in timeline.find(every, key)]
 
 
 async def slow_among_peers(sim: Simulator, tmp_path: Path) -> str:

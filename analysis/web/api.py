@@ -225,9 +225,9 @@ def sessions(query: Query, params: Params, rest: str) -> Answer:
 def session(query: Query, params: Params, rest: str) -> Answer:
     """`llmtap session KEY --format json` (its spans from its start), with the same filters as the list."""
     from analysis.session_report import session_json
-    from analysis.timeline import find, sessions as find_sessions
+    from analysis.timeline import matching
 
-    found = find(find_sessions(query, filters_of(params).where(), _gap_s(params)), rest)
+    found = matching(query, rest, filters_of(params).where(), _gap_s(params))
     if len(found) != 1:
         return dump({"error": f"{len(found) or 'no'} sessions start with {rest}"}, 404 if not found else 400)
     return dump(session_json(found[0], spans=True))
