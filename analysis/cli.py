@@ -487,7 +487,7 @@ def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, 
     from analysis.session_report import render_session
 
     with opened(db_path, sources) as source:
-        found = timeline.find(_sessions(source, Filters(), gap_min), session_id)
+        found = timeline.matching(source.query, session_id, Filters().where(), gap_s=gap_min * 60)
     if not found:
         raise click.ClickException(f"no session starts with {session_id} (see `llmtap sessions`)")
     if len(found) > 1:

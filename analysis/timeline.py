@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.filters import sql_string
+
 Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
@@ -40,6 +42,42 @@ SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, sess
   request_model, input_tokens, output_tokens, {cost} AS cost_usd, tpot_ms, outcome
 FROM requests WHERE kind = 'generation' AND {where} ORDER BY started_at, id
 """
+# The sessions, grouped as the module docstring says: by session id (an empty one is none), else tool
+# and key, each split where its requests so far had ended more than {gap} s before the next began.
+# A session is (seen, part): the first row number of its group, its part within it; its key is the
+# first request's session id or `~` and its id, `/2`, `/3` for a later one of the same key.
+GROUPED_SQL = """
+WITH r AS (
+  SELECT *, row_number() OVER (ORDER BY started_at, id) AS n, t0 + e2e_ms / 1000 AS t1,
+    nullif(session_id, '') AS sid, CASE WHEN sid IS NULL THEN tool END AS g_tool,
+    CASE WHEN sid IS NULL THEN key_fingerprint END AS g_key
+  FROM (SELECT started_at, {columns} FROM requests WHERE kind = 'generation' AND {where})),
+e AS (
+  SELECT *, min(n) OVER (PARTITION BY sid, g_tool, g_key) AS seen,
+    coalesce(t0 - greatest(first_value(t0) OVER (PARTITION BY sid, g_tool, g_key ORDER BY n),
+      max(t1) OVER (PARTITION BY sid, g_tool, g_key ORDER BY n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
+      > {gap}, false) AS split
+  FROM r),
+p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBOUNDED PRECEDING) AS part FROM e)
+"""
+# Those sessions (`ord`: by their start), how many, those {shown} picks and each request of those and
+# of the sessions within PEER_WINDOW_S of them (their peers for `flag_slow`).
+SESSIONS_SQL = GROUPED_SQL + """, s AS (
+  SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
+    max(t0) AS last_s FROM p GROUP BY seen, part),
+o AS (
+  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s,
+    row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
+  FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)),
+o2 AS (SELECT *, {shown} AS shown FROM o),
+w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o2 WHERE shown),
+near AS (SELECT o2.* FROM o2, w WHERE shown OR (start_s <= high AND last_s >= low))
+SELECT {names}, key, ord, shown, total FROM p JOIN near USING (seen, part) ORDER BY n
+"""
+COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
+COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
+           "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
+           "outcome")
 # Each call of those requests and when its result came (the `tool_runs` view, analysis/views.py).
 RUNS_SQL = """
 SELECT request_id, name, epoch(answered_at) AS answered FROM tool_runs
@@ -112,47 +150,73 @@ class Session:
 def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
     oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
-    have = set(query("SELECT * FROM requests LIMIT 0")[0])  # a bare table or an older database lacks some
-    columns, _, data = query(ROWS_SQL.format(where=where, cost="cost_usd" if "cost_usd" in have else "NULL"))
-    rows = [dict(zip(columns, r)) for r in data]
+    return newest(query, where, gap_s)[1]
+
+
+def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None
+           ) -> tuple[int, list[Session]]:
+    """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
+    the same sessions, spans and flags, the requests of those alone and of those near enough to be
+    their peers (`flag_slow`) read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
+    if count is not None and count <= 0:
+        return int(query(COUNT_SQL.format(**_grouped(query, where, gap_s)[1]))[2][0][0]), []
+    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}")
+
+
+def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
+    """`find(sessions(...), key)`: the sessions whose key is `key`, else those it starts, their
+    timelines alone built (`llmtap session KEY`, the web UI's session page)."""
+    k = sql_string(key)
+    return _picked(query, where, gap_s, f"CASE WHEN sum((key = {k})::INTEGER) OVER () > 0 THEN key = {k}"
+                                        f" ELSE starts_with(key, {k}) END")[1]
+
+
+def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int, list[Session]]:
+    """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks."""
+    have, grouped = _grouped(query, where, gap_s)
+    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
+    out_columns, _, data = query(SESSIONS_SQL.format(**grouped, names=names, window=repr(PEER_WINDOW_S),
+                                                     shown=shown_sql))
+    members: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    keys, shown, total = {}, [], 0
+    for r in data:
+        row = dict(zip(out_columns, r))
+        ord_, total = row.pop("ord"), row.pop("total")
+        keys[ord_] = row.pop("key")
+        if row.pop("shown") and ord_ not in members:
+            shown.append(ord_)
+        members[ord_].append(row)
+    shown.sort()
+    if not shown:
+        return total, []
+    keyed = [(keys[o], members[o]) for o in sorted(members)]
     runs: Runs = defaultdict(list)
     if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
-        for request_id, name, answered in query(RUNS_SQL.format(where=where))[2]:
+        ids = where if shown_sql == "TRUE" else "id IN ({})".format(
+            ", ".join(sql_string(row["id"]) for o in shown for row in members[o]))
+        for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
             runs[request_id].append((name, answered))
-    found: list[Session] = []
-    parts: dict[str, int] = defaultdict(int)
-    for group in _groups(rows, gap_s):
-        session = timeline(group, runs)
-        parts[session.key] += 1
-        if parts[session.key] > 1:
-            session.key = f"{session.key}/{parts[session.key]}"
+    found = []
+    for o in shown:
+        session = timeline(members[o], runs)
+        session.key = keys[o]
         found.append(session)
-    flag_slow(found, rows)
-    return sorted(found, key=lambda s: s.start_s)
+    flags = _slow_flags(keyed, None if shown_sql == "TRUE" else {s.key for s in found})
+    for session in found:
+        session.slow = flags.get(session.key)
+    return total, found
+
+
+def _grouped(query: Query, where: str, gap_s: float) -> tuple[set[str], dict[str, str]]:
+    """The columns the database has (a bare table or an older database lacks some) and GROUPED_SQL's terms."""
+    have = set(query("SELECT * FROM requests LIMIT 0")[0])
+    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
+    return have, {"columns": columns, "where": where, "gap": repr(float(gap_s))}
 
 
 def find(all_sessions: Iterable[Session], key: str) -> list[Session]:
     """The sessions whose key starts with `key` (as `llmtap show` takes an id's prefix)."""
     return [s for s in all_sessions if s.key == key] or [s for s in all_sessions if s.key.startswith(key)]
-
-
-def _groups(rows: list[dict[str, Any]], gap_s: float) -> list[list[dict[str, Any]]]:
-    """Rows by session (or tool and key), each split where it went quiet for longer than `gap_s`."""
-    by: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by[(row["session_id"],) if row["session_id"] else ("~", row["tool"], row["key_fingerprint"])].append(row)
-    groups = []
-    for members in by.values():
-        part: list[dict[str, Any]] = []
-        end = None
-        for row in members:  # in time order
-            if end is not None and row["t0"] - end > gap_s:
-                groups.append(part)
-                part = []
-            part.append(row)
-            end = max(end or row["t0"], _end(row))
-        groups.append(part)
-    return groups
 
 
 def _end(row: dict[str, Any]) -> float:
@@ -260,33 +324,63 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
     """Flag a session whose median TPOT, or TTFT per input token, on a model is SLOW_FACTOR times the
     median of at least two other sessions on that model within PEER_WINDOW_S of it (the medians of
     their requests' times; anthropics/claude-code#91413)."""
-    of = {span.request_id: s for s in found for span in s.spans if span.kind == "model"}
-    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    of = {span.request_id: s.key for s in found for span in s.spans if span.kind == "model"}
+    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        s = of.get(row["id"])
-        if s is None or row["outcome"] != "ok" or not row["request_model"]:
-            continue
-        cell = cells[(s.key, row["request_model"])]
-        cell["t0"].append(row["t0"])
-        if row["tpot_ms"] is not None:
-            cell["TPOT"].append(row["tpot_ms"])
-        if row["ttft_ms"] is not None and row["input_tokens"]:
-            cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+        if row["id"] in of:
+            members[of[row["id"]]].append(row)
+    flags = _slow_flags(list(members.items()))
+    for s in found:
+        if s.slow is None:
+            s.slow = flags.get(s.key)
+
+
+def _slow_flags(groups: list[tuple[str, list[dict[str, Any]]]], wanted: set[str] | None = None) -> dict[str, str]:
+    """`flag_slow`'s findings by session key, for sessions given as (key, their rows in time order);
+    for the sessions `wanted` alone (None: all), the medians of those near them alone computed (a
+    cell's time is the median of its rows' starts, within its session's first and last)."""
+    if wanted is not None:
+        mine = _cells([g for g in groups if g[0] in wanted])
+        starts = [statistics.median(c["t0"]) for c in mine.values()]
+        low, high = min(starts, default=0.0) - PEER_WINDOW_S, max(starts, default=0.0) + PEER_WINDOW_S
+        groups = [g for g in groups if g[0] not in wanted and g[1][0]["t0"] <= high and g[1][-1]["t0"] >= low]
+        cells = {**mine, **_cells(groups)}
+    else:
+        cells = _cells(groups)
     at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
     medians = {k: {m: statistics.median(c[m]) for m in METRICS if c[m]} for k, c in cells.items()}
     typical = _peer_medians(medians, at)
-    by_key = {s.key: s for s in found}
-    for place in cells:  # in the rows' order: a session's first finding is the one it shows
+    flags: dict[str, str] = {}
+    for place in cells:  # a session's first finding (in its rows' order) is the one it shows
         key, model = place
+        if wanted is not None and key not in wanted:
+            continue
         for metric in METRICS:
             peers = typical.get((place, metric))
             if peers is None:
                 continue
             count, middle = peers
-            mine = medians[place][metric]
-            if middle > 0 and mine >= SLOW_FACTOR * middle and by_key[key].slow is None:
-                by_key[key].slow = (f"{metric} {mine / middle:.1f}x the median of {count} other sessions"
-                                    f" on {model} within the hour")
+            value = medians[place][metric]
+            if middle > 0 and value >= SLOW_FACTOR * middle and key not in flags:
+                flags[key] = (f"{metric} {value / middle:.1f}x the median of {count} other sessions"
+                              f" on {model} within the hour")
+    return flags
+
+
+def _cells(groups: list[tuple[str, list[dict[str, Any]]]]) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """(session key, model) -> the starts, TPOTs and TTFTs per input token of its successful requests."""
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for key, rows in groups:
+        for row in rows:
+            if row["outcome"] != "ok" or not row["request_model"]:
+                continue
+            cell = cells[(key, row["request_model"])]
+            cell["t0"].append(row["t0"])
+            if row["tpot_ms"] is not None:
+                cell["TPOT"].append(row["tpot_ms"])
+            if row["ttft_ms"] is not None and row["input_tokens"]:
+                cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
+    return cells
 
 
 METRICS = ("TPOT", "TTFT per input token")

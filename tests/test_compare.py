@@ -332,3 +332,57 @@ def test_compare_reads_the_views_of_a_source() -> None:
 
     with pytest.raises(ValueError, match="no successful requests"):
         compare(query, [Side("a", "route = 'a'"), Side("b", "route = 'b'")])
+
+
+def test_an_answer_is_remembered_for_the_same_values_alone(tmp_path: Path) -> None:
+    """The web UI asks again: the second answer comes from the memo and equals the first, computed
+    anew; the values changed and it is computed again."""
+    from analysis import compare as compare_module
+    from analysis.compare import as_dict
+
+    rng = np.random.default_rng(3)
+    db = synthetic_db(tmp_path / "m.duckdb", prefill_rows("/a", [300, 3000] * 20, rng)
+                      + prefill_rows("/b", [300, 3000] * 20, rng, extra_ms=5))
+    con = duckdb.connect(str(db))
+    create_views(con)
+
+    def query(sql: str) -> tuple[list[str], list[str], list[tuple]]:
+        cur = con.execute(sql)
+        return [d[0] for d in cur.description], [], cur.fetchall()
+
+    sides = [Side("/a", "route = '/a'"), Side("/b", "route = '/b'")]
+    compare_module._MEMO.clear()
+    first = as_dict(compare(query, sides))
+    assert len(compare_module._MEMO) == 1
+    assert as_dict(compare(query, sides)) == first and len(compare_module._MEMO) == 1
+    compare_module._MEMO.clear()
+    assert as_dict(compare(query, sides)) == first  # the memo's answer is the one computed
+    con.execute("UPDATE m.main.requests SET ttft_ms = ttft_ms + 50 WHERE route = '/b'")
+    create_views(con)
+    changed = as_dict(compare(query, sides))
+    assert changed["groups"] != first["groups"] and len(compare_module._MEMO) == 2
+
+
+def test_the_resamples_levels_are_those_of_the_plain_definition() -> None:
+    """`_resampled_levels` gathers with np.take and fits the lines from the rows' indices: the same
+    numbers, bit for bit, as resampling the requests and calling `_levels` on them (same seed)."""
+    from analysis.compare import ELEMENTS_PER_STEP, Sample, _levels, _pairs, _resampled_levels
+
+    def reference(s: Sample, at: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
+        n = len(s.values)
+        pairs = _pairs(n, rng)
+        step = max(1, ELEMENTS_PER_STEP // max(n, len(pairs[0])))
+        out = np.empty(resamples)
+        for start in range(0, resamples, step):
+            stop = min(resamples, start + step)
+            rows = rng.integers(0, n, size=(stop - start, n))
+            out[start:stop] = _levels(s.inputs[rows], s.values[rows], at, pairs)[0]
+        return out
+
+    rng = np.random.default_rng(7)
+    for n in (10, 63, 2500):
+        inputs = rng.integers(100, 400, n).astype(float)  # ties in input: pairs without a slope
+        s = Sample(rng.normal(100, 10, n) + 0.05 * inputs, inputs)
+        for at in (None, 250.0):
+            got = _resampled_levels(s, at, np.random.default_rng(n), 300)
+            assert np.array_equal(got, reference(s, at, np.random.default_rng(n), 300))

@@ -180,12 +180,82 @@ def test_a_session_that_stops_mid_tool_shows_an_open_span() -> None:
     assert "its result never came" in render_session(s, "table")
 
 
-def test_a_long_gap_splits_a_session_and_a_tool_without_ids_is_inferred(tmp_path: Path) -> None:
+def table_query(rows: list[dict[str, Any]]) -> timeline.Query:
+    """`sessions`' query over a bare `requests` table of these rows (as `row` makes them)."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE requests (id VARCHAR, started_at TIMESTAMPTZ, kind VARCHAR, e2e_ms DOUBLE, ttft_ms DOUBLE,"
+                " session_id VARCHAR, tool VARCHAR, key_fingerprint VARCHAR, request_model VARCHAR,"
+                " input_tokens BIGINT, output_tokens BIGINT, tpot_ms DOUBLE, outcome VARCHAR)")
+    con.executemany("INSERT INTO requests VALUES (?, make_timestamptz((? * 1e6)::BIGINT), 'generation', ?, ?, ?, ?, ?, ?,"
+                    " ?, ?, ?, ?)", [[r["id"], r["t0"], r["e2e_ms"], r["ttft_ms"], r["session_id"], r["tool"],
+                                      r["key_fingerprint"], r["request_model"], r["input_tokens"], r["output_tokens"],
+                                      r["tpot_ms"], r["outcome"]] for r in rows])
+
+    def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+        cur = con.execute(sql)
+        return [d[0] for d in cur.description], [str(d[1]) for d in cur.description], cur.fetchall()
+    return query
+
+
+def test_a_long_gap_splits_a_session_and_a_tool_without_ids_is_inferred() -> None:
     rows = [row("a", 0, 1, session=None), row("b", 10, 1, session=None), row("c", 4000, 1, session=None)]
-    groups = timeline._groups(rows, timeline.GAP_S)
-    assert [[r["id"] for r in g] for g in groups] == [["a", "b"], ["c"]]
-    s = timeline.timeline(groups[0], {})
-    assert s.inferred and s.key == "~a"
+    first, second = timeline.sessions(table_query(rows))
+    assert [first.requests, second.requests] == [2, 1]
+    assert first.inferred and first.key == "~a" and second.key == "~c"
+
+
+def _groups_by_definition(rows: list[dict[str, Any]], gap_s: float) -> list[list[dict[str, Any]]]:
+    """The module docstring's grouping, row by row (the reference of GROUPED_SQL)."""
+    by: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["session_id"],) if r["session_id"] else ("~", r["tool"], r["key_fingerprint"]), []).append(r)
+    groups = []
+    for members in by.values():
+        part: list[dict[str, Any]] = []
+        end = None
+        for r in members:
+            if end is not None and r["t0"] - end > gap_s:
+                groups.append(part)
+                part = []
+            part.append(r)
+            end = max(end or r["t0"], r["t0"] + r["e2e_ms"] / 1000)
+        groups.append(part)
+    return groups
+
+
+def test_the_newest_sessions_are_those_of_all_and_the_groups_are_as_defined() -> None:
+    """`newest` (the web UI's page) gives what `sessions` gives for its newest, with the same flags and
+    total, and `matching` what `find` finds among them; all group as the definition does (gaps, ids empty or none, one id prefix twice)."""
+    import random
+
+    from analysis.session_report import session_json
+
+    rng = random.Random(30)
+    rows = []
+    for n in range(900):
+        t0 = round(rng.uniform(0, 6 * 3600), 3)
+        session = rng.choice([f"s{i}" for i in range(40)] + ["", None, None])
+        r = row(f"{'x' * 12 if n % 50 == 0 else ''}{n:04d}", t0, rng.uniform(0.1, 30), rng.uniform(0.05, 0.1), session)
+        r |= {"tool": rng.choice(("t1", "t2", None)), "key_fingerprint": rng.choice(("k1", "k2")),
+              "request_model": rng.choice(("m1", "m2", None)), "outcome": "ok" if rng.random() > 0.1 else "http_error",
+              "tpot_ms": rng.uniform(5, 6) * (10 if session in ("s3", "s7") else 1), "input_tokens": rng.choice((0, 100))}
+        rows.append(r)
+    rows.sort(key=lambda r: (r["t0"], r["id"]))
+    query = table_query(rows)
+    for gap_s in (timeline.GAP_S, 120.0):
+        every = timeline.sessions(query, gap_s=gap_s)
+        want = sorted(_groups_by_definition(rows, gap_s), key=lambda g: g[0]["t0"])
+        assert [[r["id"] for r in g] for g in want] == [[sp.request_id for sp in s.spans if sp.part == "wait"]
+                                                        for s in every]
+        assert any(s.slow for s in every) and any("/" in s.key for s in every)
+        for count in (0, 1, 7, 40, len(every) + 5):
+            total, page = timeline.newest(query, gap_s=gap_s, count=count)
+            assert total == len(every)
+            assert [session_json(s, spans=True) for s in page] == [session_json(s, spans=True)
+                                                                   for s in every[max(0, len(every) - count):] if count]
+        for key in {s.key for s in every[::7]} | {"s1", "~", "s2/", "nothing"}:  # a key, a prefix, none
+            assert [session_json(s, spans=True) for s in timeline.matching(query, key, gap_s=gap_s)] == \
+                [session_json(s, spans=True) for s in timeline.find(every, key)]
 
 
 async def slow_among_peers(sim: Simulator, tmp_path: Path) -> str:

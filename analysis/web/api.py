@@ -203,31 +203,31 @@ def overview(query: Query, params: Params, rest: str) -> Answer:
                  "charts": charts, "palette": PALETTE, "other": OTHER})
 
 
-def _sessions(query: Query, params: Params) -> list[Any]:
-    from analysis.timeline import GAP_S, sessions as find_sessions
+def _gap_s(params: Params) -> float:
+    from analysis.timeline import GAP_S
 
     gap_min = one(params, "gap")
     try:
-        gap_s = float(gap_min) * 60 if gap_min else GAP_S
+        return float(gap_min) * 60 if gap_min else GAP_S
     except ValueError:
         raise BadRequest(f"gap is minutes, not {gap_min!r}") from None
-    return find_sessions(query, filters_of(params).where(), gap_s=gap_s)
 
 
 def sessions(query: Query, params: Params, rest: str) -> Answer:
-    """`llmtap sessions --format json`, the newest MAX_SESSIONS first."""
+    """`llmtap sessions --format json`, the newest MAX_SESSIONS first (their timelines alone built)."""
     from analysis.session_report import session_json
+    from analysis.timeline import newest
 
-    found = _sessions(query, params)
-    return dump({"total": len(found), "sessions": [session_json(s) for s in reversed(found[-MAX_SESSIONS:])]})
+    total, found = newest(query, filters_of(params).where(), _gap_s(params), MAX_SESSIONS)
+    return dump({"total": total, "sessions": [session_json(s) for s in reversed(found)]})
 
 
 def session(query: Query, params: Params, rest: str) -> Answer:
     """`llmtap session KEY --format json` (its spans from its start), with the same filters as the list."""
     from analysis.session_report import session_json
-    from analysis.timeline import find
+    from analysis.timeline import matching
 
-    found = find(_sessions(query, params), rest)
+    found = matching(query, rest, filters_of(params).where(), _gap_s(params))
     if len(found) != 1:
         return dump({"error": f"{len(found) or 'no'} sessions start with {rest}"}, 404 if not found else 400)
     return dump(session_json(found[0], spans=True))
