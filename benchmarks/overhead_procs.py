@@ -84,6 +84,18 @@ def _child_setup(cpu: int | None) -> Callable[[], None]:
     return setup
 
 
+def listening(port: int) -> Callable[[], str | None]:
+    """A readiness check: the URL once something accepts connections on 127.0.0.1:`port`."""
+    def ready() -> str | None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return None
+        return f"http://127.0.0.1:{port}"
+
+    return ready
+
+
 class Procs:
     """Every process the benchmark starts; `close()` (or leaving `with`) stops them all."""
 
@@ -287,14 +299,7 @@ def _nginx(procs: Procs, name: str, cpu: int | None, conf_text: Callable[[Path, 
     proc = procs.start(name, [binary, "-p", str(conf_dir), "-e", str(conf_dir / "nginx-error.log"),
                               "-c", str(conf)], cpu)
 
-    def ready() -> str | None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            return None
-        return f"http://127.0.0.1:{port}"
-
-    return proc, procs.wait_ready(name, proc, ready)
+    return proc, procs.wait_ready(name, proc, listening(port))
 
 
 def caddy_binary() -> str | None:
@@ -344,14 +349,7 @@ def start_caddy(procs: Procs, cpu: int | None, upstream: str) -> tuple[subproces
            "XDG_CONFIG_HOME": str(conf_dir / "config")}
     proc = procs.start("caddy", [binary, "run", "--config", str(conf), "--adapter", "caddyfile"], cpu, env=env)
 
-    def ready() -> str | None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            return None
-        return f"http://127.0.0.1:{port}"
-
-    return proc, procs.wait_ready("caddy", proc, ready)
+    return proc, procs.wait_ready("caddy", proc, listening(port))
 
 
 CANNED_CONF = NGINX_MAIN + """\
