@@ -47,6 +47,11 @@ async def traffic(url: str) -> None:
     await agent(url)
 
 
+# The page drawn as it is now: fonts loaded, then two animation frames (the layout after `ready`, painted).
+PAINTED = ("document.fonts.ready.then(() => new Promise(done => requestAnimationFrame("
+           "() => requestAnimationFrame(() => done(true)))))")
+
+
 async def main(out: Path) -> None:
     binary = find_chromium()
     if binary is None:
@@ -77,7 +82,8 @@ async def main(out: Path) -> None:
                         await asyncio.gather(*(one(i * 0.3) for i in range(6)))
 
                 pages = [
-                    ("live", "#/live", "document.querySelectorAll('#inflight tr[data-id]').length >= 3"),
+                    ("live", "#/live", "document.querySelectorAll('#inflight tr[data-id]').length >= 3 && [...document"
+                     ".querySelectorAll('#inflight tr[data-id]')].some(r => r.cells[4].textContent !== '–')"),
                     ("requests", "#/requests", "document.querySelectorAll('table.requests tbody tr').length > 0"),
                     ("request", f"#/request/{rows[0][0]}", "!!document.querySelector('#chunk-chart canvas')"),
                     ("sessions", "#/sessions", "document.querySelectorAll('tr[data-session]').length > 0"),
@@ -88,7 +94,7 @@ async def main(out: Path) -> None:
                 for name, route, ready in pages:
                     task = asyncio.create_task(streams()) if name == "live" else None
                     await world.page(route, ready)
-                    await asyncio.sleep(0.6)
+                    await browser.evaluate(PAINTED)
                     await browser.screenshot(out / f"ui-{name}.png", full_page=False)
                     if task is not None:
                         await task
