@@ -42,7 +42,7 @@ def test_refused_before_the_upstream() -> None:
     m = meter("/v1/messages")
     m.on_answered_locally(401)
     row, chunks = m.finish(Outcome.HTTP_ERROR, 1 * MS, ("invalid_client_key", "no"))
-    assert (row["status"], row["outcome"], row["error_type"], row["ttft_ms"], chunks) == (
+    assert (row["status"], row["outcome"], row["error_type"], row["ttft_ms"], list(chunks)) == (
         401, "http_error", "invalid_client_key", None, [])
 
 

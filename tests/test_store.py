@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 import pytest
 
+from proxy.common.chunk_rows import ChunkRows
 from proxy.common.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
 from proxy.record.store import DatabaseLocked, Store, StoreError, open_readonly
 
@@ -87,6 +88,23 @@ def test_rows_and_chunks_read_back_exactly(store: Store, db: Path):
     chunks = con.execute(f"SELECT {', '.join(CHUNK_COLUMN_NAMES)} FROM chunks ORDER BY seq").fetchall()
     assert chunks == [("r1", 0, 12.5, 40, "message_start"), ("r1", 1, 13.0, 7, None)]
     con.close()
+
+
+def test_a_requests_chunk_columns_land_as_its_rows_beside_tuples(store: Store, db: Path):
+    """The meter's ChunkRows (columns) and rows given as tuples go in the same INSERT; a block
+    whose columns do not line up is rejected whole, counted by its rows, and the rest lands."""
+    store.put({"id": "cols"}, ChunkRows("cols", range(3), [1.5, 2.5, 9.0], [10, 11, 12], ["text", "text", "tool"]))
+    store.put({"id": "capped"}, ChunkRows("capped", [0, 1, 70_000], [1.0, 2.0, 3.0], [1, 2, 3], ["a", "b", "c"]))
+    store.put({"id": "tuples"}, [("tuples", 0, 4.0, 5, None)])
+    store.put({"id": "uneven"}, ChunkRows("uneven", range(2), [1.0, 2.0], [1], ["a", "b"]))
+    assert store.flush(5)
+    assert rows(store, "SELECT * FROM chunks ORDER BY request_id, seq") == [
+        ("capped", 0, 1.0, 1, "a"), ("capped", 1, 2.0, 2, "b"), ("capped", 70_000, 3.0, 3, "c"),
+        ("cols", 0, 1.5, 10, "text"), ("cols", 1, 2.5, 11, "text"), ("cols", 2, 9.0, 12, "tool"),
+        ("tuples", 0, 4.0, 5, None)]
+    stats = store.stats()
+    assert (stats["chunks_written"], stats["chunks_dropped"], stats["requests_written"]) == (7, 2, 4)
+    assert ChunkRows("x", range(2), [1.0, 2.0], [3, 4], ["a", "b"])[1] == ("x", 1, 2.0, 4, "b")
 
 
 def test_a_row_is_written_within_the_flush_interval_without_flush(store: Store):

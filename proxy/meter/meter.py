@@ -29,10 +29,9 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from itertools import repeat
 from time import perf_counter_ns
 from typing import Any, NamedTuple, Protocol
 
@@ -44,6 +43,7 @@ from proxy.meter.decode import DecodeError, StreamDecoder
 from proxy.meter.dialects.base import Dialect
 from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
+from proxy.common.chunk_rows import ChunkRows
 from proxy.meter import ratelimits
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from proxy.common.stats import GapHistogram, gaps_ms
@@ -516,7 +516,7 @@ class Meter:
 
     def finish(
         self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None
-    ) -> tuple[dict[str, Any], list[tuple]]:
+    ) -> tuple[dict[str, Any], ChunkRows]:
         """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
         self.drain()
         if self._body:
@@ -642,14 +642,16 @@ class Meter:
             at += timedelta(microseconds=(self.upstream_headers - self.received) / 1000)
         return ratelimits.parse(found, retry, (found or {}).get("retry-after-ms"), at)
 
-    def _chunk_rows(self) -> list[tuple]:
-        rid, r, times = self.id, self.received, self.times
-        # (request id, seq, offset in ms, size, kind): tuples made by zip, one Python step per chunk
-        chunks = list(zip(repeat(rid), range(len(times)), [(t - r) / 1e6 for t in times], self.sizes, self.kinds))
+    def _chunk_rows(self) -> ChunkRows:
+        r, times = self.received, self.times
+        offsets, sizes, kinds = [(t - r) / 1e6 for t in times], self.sizes, self.kinds  # the meter's own lists
+        seqs: Sequence[int] = range(len(times))
         if self._last_event is not None:  # past the cap: the last event's row too, with its own seq
             t, size, kind = self._last_event
-            chunks.append((rid, len(self.times) + self._over - 1, (t - r) / 1e6, size, kind))
-        return chunks
+            seqs = [*seqs, len(times) + self._over - 1]
+            offsets.append((t - r) / 1e6)
+            sizes, kinds = [*sizes, size], [*kinds, kind]
+        return ChunkRows(self.id, seqs, offsets, sizes, kinds)
 
     def secrets(self) -> list[str]:
         """The credentials this request carried (and an injected one): never to be written anywhere."""

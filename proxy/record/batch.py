@@ -1,7 +1,7 @@
 """How a batch of rows becomes one INSERT.
 
-Every table's rows are queued as tuples in column order and go to DuckDB as Arrow arrays built
-by nanoarrow (Apache Arrow's small C library), which DuckDB scans without conversion: some 200
+Every table's rows are queued in column order (as tuples; a request's chunk rows as the columns
+the meter kept, proxy/common/chunk_rows.py) and go to DuckDB as Arrow arrays built by nanoarrow (Apache Arrow's small C library), which DuckDB scans without conversion: some 200
 times faster than `executemany` (benchmarks/store_throughput.py).
 
 `requests` rows come as dicts (the meter's, in schema order; a worker's; a test's with only some
@@ -22,14 +22,17 @@ the store rejects that row and keeps the others.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from math import isfinite
 from datetime import datetime
+from itertools import repeat
 from typing import Any
 
 import duckdb
 import nanoarrow as na
 import orjson
 
+from proxy.common.chunk_rows import ChunkRows
 from proxy.common.schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 
 BATCH_VIEW = "llmtap_insert_batch"  # registered on the writer's own cursor for one INSERT
@@ -85,19 +88,28 @@ class Table:
             cols[i] = [_micros(v) for v in cols[i]]
         return cols
 
+    def count(self, rows: list[Any]) -> int:
+        """How many table rows `rows` holds (ChunkTable: some items are many)."""
+        return len(rows)
+
     def batch(self, rows: list[Any]) -> na.ArrayStream:
         """The rows as one Arrow struct array, in a stream DuckDB scans."""
         try:
             children = [na.c_array(col, t) for col, t in zip(self.columns(rows), self.types)]
         except (TypeError, OverflowError, AttributeError) as exc:  # as nanoarrow's own ValueError: bad data
             raise ValueError(str(exc)) from exc
-        return na.ArrayStream(na.c_array_from_buffers(self.struct, len(rows), [None], children=children))
+        return na.ArrayStream(na.c_array_from_buffers(self.struct, self.count(rows), [None], children=children))
 
-    def insert(self, cur: duckdb.DuckDBPyConnection, rows: list[Any]) -> None:
-        """INSERT every row, `rows_per_insert` at a time, in the caller's transaction."""
+    def parts(self, rows: list[Any]) -> Iterator[list[Any]]:
+        """The rows in parts of `rows_per_insert`, one INSERT each."""
         step = self.rows_per_insert
         for i in range(0, len(rows), step):
-            cur.register(BATCH_VIEW, self.batch(rows[i:i + step]))
+            yield rows[i:i + step]
+
+    def insert(self, cur: duckdb.DuckDBPyConnection, rows: list[Any]) -> None:
+        """INSERT every row, a part (`parts`) at a time, in the caller's transaction."""
+        for part in self.parts(rows):
+            cur.register(BATCH_VIEW, self.batch(part))
             try:
                 cur.execute(self.sql)
             finally:  # in an aborted transaction this fails too; the original error is the one to see
@@ -155,6 +167,46 @@ class RowTable(Table):
         return cols
 
 
+def _rows_in(item: Any) -> int:
+    return len(item) if isinstance(item, ChunkRows) else 1
+
+
+class ChunkTable(Table):
+    """The `chunks` table, whose items are a request's `ChunkRows` (its columns, joined here with
+    `list.extend`) or single rows (tuples: a spill file's, a test's)."""
+
+    def count(self, rows: list[Any]) -> int:
+        return sum(map(_rows_in, rows))
+
+    def columns(self, rows: list[Any]) -> list[Any]:
+        loose = [item for item in rows if not isinstance(item, ChunkRows)]
+        cols: list[Any] = [list(col) for col in super().columns(loose)] if loose else [[] for _ in self.names]
+        ids, seqs, offsets, sizes, kinds = cols
+        for item in rows:
+            if isinstance(item, ChunkRows):
+                ids.extend(repeat(item.request_id, len(item.offsets_ms)))
+                seqs.extend(item.seqs)
+                offsets.extend(item.offsets_ms)
+                sizes.extend(item.sizes)
+                kinds.extend(item.kinds)
+        if not len(ids) == len(seqs) == len(offsets) == len(sizes) == len(kinds):
+            raise ValueError("a request's chunk columns are not of one length")
+        return cols
+
+    def parts(self, rows: list[Any]) -> Iterator[list[Any]]:
+        """Parts of about `rows_per_insert` rows, a request's rows together."""
+        part: list[Any] = []
+        n = 0
+        for item in rows:
+            part.append(item)
+            n += _rows_in(item)
+            if n >= self.rows_per_insert:
+                yield part
+                part, n = [], 0
+        if part:
+            yield part
+
+
 REQUESTS = RowTable("requests", REQUEST_COLUMNS, 2_000)
-CHUNKS = Table("chunks", CHUNK_COLUMNS, 10_000)
+CHUNKS = ChunkTable("chunks", CHUNK_COLUMNS, 10_000)
 BODIES = Table("bodies", BODY_COLUMNS, 200)

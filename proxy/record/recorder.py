@@ -24,6 +24,7 @@ from proxy.meter.capture import make_meter
 from proxy.settings.config import ServeConfig
 from proxy.meter.meter import Meter
 from proxy.common import latency
+from proxy.common.chunk_rows import ChunkRows
 from proxy.common.schema import Outcome
 from proxy.common.terminal_text import printable
 
@@ -48,7 +49,7 @@ class Finished:
     (CHUNK_COLUMNS) and, with --capture-bodies, its bodies row (BODY_COLUMNS)."""
 
     row: dict[str, Any]
-    chunks: list[tuple[Any, ...]]
+    chunks: ChunkRows | list[tuple[Any, ...]]  # a list of tuples: rows read back (a spill file, a test)
     body: tuple[Any, ...] | None
 
 

@@ -28,6 +28,7 @@ import duckdb
 from proxy.common import duck, latency
 from proxy.record import retention, sql_filter
 from proxy.record.query_limits import QueryStop, QueryStopped, fetch_capped
+from proxy.common.chunk_rows import ChunkRows
 from proxy.record.batch import BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
 from proxy.common.terminal_text import stderr_line
@@ -127,7 +128,8 @@ class Store:
         self._written = threading.Condition(self._lock)
         self._requests: list[tuple[Any, ...]] = []  # in column order (batch.RowTable.encode)
         self._unfit: list[Exception] = []  # why rows put since the last take could not be encoded
-        self._chunks: list[tuple[Any, ...]] = []
+        self._chunks: list[Any] = []  # each a request's ChunkRows, or one row (batch.ChunkTable)
+        self._chunk_rows = 0  # the rows in _chunks
         self._put_seq = 0  # requests accepted by put()
         self._done_seq = 0  # of those, how many the writer has finished with
         self._inflight = [0, 0]  # requests, chunks taken by the writer and not yet finished
@@ -219,10 +221,11 @@ class Store:
 
     # -- the event loop's side ---------------------------------------------
 
-    def put(self, row: dict[str, Any], chunks: list[tuple[Any, ...]] | None = None) -> None:
+    def put(self, row: dict[str, Any], chunks: ChunkRows | list[tuple[Any, ...]] | None = None) -> None:
         """Queue one request's row and its chunk rows. Never blocks, never raises.
 
-        The row is encoded at once; the store keeps the chunk tuples as they are: do not change them.
+        The row is encoded at once; the store keeps the chunk rows as they are (a request's `ChunkRows`,
+        or tuples): do not change them.
         A row that cannot be encoded is rejected as the writer rejects rows that do not fit the schema.
         """
         try:
@@ -240,16 +243,20 @@ class Store:
                     waiting = len(self._requests) + self._inflight[0]
                 else:
                     first = None
-                    if n and len(self._chunks) + n > self._max_chunks:
+                    if n and self._chunk_rows + n > self._max_chunks:
                         self._counts["chunks_dropped"] += n
                     elif n:
-                        self._chunks.extend(chunks)  # type: ignore[arg-type]
+                        if isinstance(chunks, ChunkRows):
+                            self._chunks.append(chunks)
+                        else:
+                            self._chunks.extend(chunks)  # type: ignore[arg-type]
+                        self._chunk_rows += n
                     if not isinstance(blob, Exception):
                         self._requests.append(blob)
                     else:
                         self._unfit.append(blob)
                     self._put_seq += 1
-                    wake = len(self._requests) >= WAKE_REQUESTS or len(self._chunks) >= WAKE_CHUNKS
+                    wake = len(self._requests) >= WAKE_REQUESTS or self._chunk_rows >= WAKE_CHUNKS
             if first is not None:
                 if first:
                     self._report(f"llmtap store: {waiting} request rows are waiting to be written to {self.path};"
@@ -290,7 +297,7 @@ class Store:
             return {
                 **self._counts,
                 "pending_requests": len(self._requests) + self._inflight[0],
-                "pending_chunks": len(self._chunks) + self._inflight[1],
+                "pending_chunks": self._chunk_rows + self._inflight[1],
                 "pending_bodies": len(self._bodies),
                 "last_error": self._last_error,
                 "failing_since": self._failing[0].isoformat() if self._failing else None,
@@ -303,7 +310,7 @@ class Store:
         if self._failing is None:
             return None
         since, started = self._failing
-        waiting = len(self._requests) + self._inflight[0], len(self._chunks) + self._inflight[1]
+        waiting = len(self._requests) + self._inflight[0], self._chunk_rows + self._inflight[1]
         dropped = self._counts["requests_dropped"]
         return (f"cannot write to {self.path} since {since:%Y-%m-%d %H:%M:%S} UTC "
                 f"({time.monotonic() - started:.0f} s, {self._counts['write_errors']} failed attempt(s) so far; "
@@ -325,8 +332,8 @@ class Store:
             with self._lock:
                 requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
                 unfit, self._unfit = self._unfit, []
-                self._requests, self._chunks, self._bodies, self._body_bytes = [], [], [], 0
-                self._inflight = [len(requests), len(chunks)]
+                self._inflight = [len(requests), self._chunk_rows]
+                self._requests, self._chunks, self._bodies, self._body_bytes, self._chunk_rows = [], [], [], 0, 0
             if requests or chunks or bodies or unfit:
                 self._write_batch(requests, chunks, bodies, unfit)
             if self._prune_at is not None and taken >= self._prune_at and not self._stop.is_set():
@@ -391,7 +398,7 @@ class Store:
         """Count what was written; True if rows had been dropped for want of room until now."""
         with self._lock:
             for table, rows in unit:
-                self._counts[f"{table.name}_written"] += len(rows)
+                self._counts[f"{table.name}_written"] += table.count(rows)
             was_dropping, self._dropping = self._dropping, False
         return was_dropping
 
@@ -482,15 +489,16 @@ class Store:
         with self._lock:
             for unit in units:
                 for table, rows in unit:
-                    self._counts[f"{table.name}_dropped"] += len(rows)
+                    self._counts[f"{table.name}_dropped"] += table.count(rows)
 
     def _drop_pending(self) -> None:
         with self._lock:
             self._counts["requests_dropped"] += len(self._requests) + len(self._unfit)
             self._counts["rows_rejected"] += len(self._unfit)
-            self._counts["chunks_dropped"] += len(self._chunks)
+            self._counts["chunks_dropped"] += self._chunk_rows
             self._counts["bodies_dropped"] += len(self._bodies)
             self._requests, self._chunks, self._bodies, self._body_bytes, self._unfit = [], [], [], 0, []
+            self._chunk_rows = 0
             self._done_seq = self._put_seq
             self._written.notify_all()
 
@@ -635,7 +643,7 @@ def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
         return [[part] for part in unit]
     ((table, rows),) = unit
     if len(rows) == 1:
-        rejected[table.name] += 1
+        rejected[table.name] += table.count(rows)  # one row, or one request's chunk rows
         return []
     mid = len(rows) // 2
     return [[(table, rows[:mid])], [(table, rows[mid:])]]

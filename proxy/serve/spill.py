@@ -61,7 +61,7 @@ def write(rows: list[tuple[Any, ...]], db: Path) -> Path:
     tmp = directory / f".spill-{os.getpid()}.tmp"
     lines = [orjson.dumps({"llmtap_spill": VERSION, "db": str(Path(db).expanduser().resolve()),
                            "pid": os.getpid(), "requests": len(rows)})]
-    lines += [orjson.dumps({"row": row, "chunks": chunks, "body": body}) for row, chunks, body in rows]
+    lines += [orjson.dumps({"row": row, "chunks": list(chunks or ()), "body": body}) for row, chunks, body in rows]
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
