@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from proxy.common import duck, latency
+from proxy.common import duck, latency, thread_priority
 from proxy.record import retention, sql_filter
 from proxy.record.query_limits import QueryStop, QueryStopped, fetch_capped
 from proxy.common.chunk_rows import ChunkRows
@@ -321,6 +321,7 @@ class Store:
     # -- the writer thread -----------------------------------------------------
 
     def _run(self) -> None:
+        thread_priority.lower_this_thread()  # the event loop first (proxy/common/thread_priority.py)
         taken = time.monotonic()
         while True:
             # Every interval from the last take, however long the write took: a crash loses at most
