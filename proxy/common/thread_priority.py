@@ -1,9 +1,10 @@
-"""A lower CPU priority for llmtap's background threads, so that the event loop comes first.
+"""A lower CPU priority for the store's writer thread, so that the event loop comes first.
 
-The store's writer and the admin SQL threads share the machine, often one core, with the event
-loop that relays traffic. At the same priority the kernel splits the core between them: a write of
-a second's rows at saturation (some 50-100 ms of CPU) or a long query slows every request and
-chunk relayed meanwhile, by half. With the thread's nice value raised by `BACKGROUND_NICE` the
+The writer shares the machine, often one core, with the event loop that relays traffic. At the
+same priority the kernel splits the core between them: a write of a second's rows at saturation
+(some 50-100 ms of CPU) slows every request and chunk relayed meanwhile, by half. (The admin SQL
+threads keep their priority: a person waits for their answers, and a web UI page gives up on a
+503 when they queue.) With the thread's nice value raised by `BACKGROUND_NICE` the
 kernel's scheduler (CFS: weight 1024 against 335 at nice 5) gives the loop three quarters of a
 contended core and the thread the rest: enough for the writer to keep up at saturation (it needs
 about a tenth), and nothing is taken when the loop is idle. The GIL is not a priority: a thread

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.common import thread_priority
 from proxy.record.query_limits import QueryStop, QueryStopped
 
 THREADS = 2
@@ -110,7 +109,6 @@ class AdminSql:
             return len(self._pending)
 
     def _work(self) -> None:
-        thread_priority.lower_this_thread()  # a long query never slows the relay by half (thread_priority.py)
         while (job := self._jobs.get()) is not None:
             fn, stop, loop, future = job
             try:
