@@ -160,3 +160,16 @@ async def test_a_query_right_after_a_request_sees_its_row(sim, tmp_path: Path) -
                 await r.read()
         status, answer = await post_sql(p.admin, "SELECT count(*) FROM requests WHERE status = 404")
     assert status == 200 and answer["rows"] == [[1]], answer
+
+
+async def test_the_sql_threads_have_ended_when_the_proxy_has_stopped(sim, tmp_path: Path) -> None:
+    """A query running as the proxy stops is interrupted, and its thread has ended once the stop
+    returns: none is inside DuckDB when the interpreter exits (which would abort the process,
+    SIGABRT, after the rows were written: seen 1 stop in 6 in `serve --workers 2`)."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        idle = await connections(p.admin)
+        long = asyncio.create_task(post_sql(p.admin, LONG, timeout=120))
+        await wait_for(lambda: _more(p.admin, idle + 1), 30, "the long query did not start")
+        sql = p.admin_sql
+    assert sql is not None and sql.join(0), "an admin SQL thread still runs after the stop"
+    await asyncio.gather(long, return_exceptions=True)

@@ -81,7 +81,11 @@ class World:
         if not await self.browser.evaluate("location.pathname === '/_llmtap/ui/' && !!document.getElementById('main')"):
             await login(self)
         await self.browser.evaluate(f"location.hash = {orjson.dumps(route).decode()}")
-        await self.browser.wait_for(ready, timeout=20)
+        try:
+            await self.browser.wait_for(ready, timeout=20)
+        except TimeoutError:  # say what the page shows instead (an error from the API, say)
+            shown = await self.browser.evaluate("(document.getElementById('main') || document.body).textContent")
+            raise AssertionError(f"{route}: not {ready} within 20 s; the page shows: {shown[:500]!r}") from None
 
     async def text(self) -> str:
         return await self.browser.evaluate("document.getElementById('main').textContent")

@@ -23,6 +23,7 @@ THREADS = 2
 QUEUE = 4  # queries waiting for a thread; one more is answered 503 busy
 STOP_WAIT_S = 2.0  # how long an interrupted query is given to end before its answer goes out anyway
 REINTERRUPT_S = 0.05  # a stopped query still running is interrupted again this often
+JOIN_S = 5.0  # the longest a stop waits for the threads (AdminSql.join)
 
 Job = tuple[Callable[[], Any], QueryStop, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -85,6 +86,18 @@ class AdminSql:
         for _ in range(self._workers):
             self._jobs.put(None)
 
+    def join(self, timeout_s: float = JOIN_S) -> bool:
+        """After `close`: wait up to `timeout_s` for the threads to end (a query interrupted by `close`
+        ends within milliseconds). A thread still inside DuckDB when the interpreter exits would be
+        ended in the middle of DuckDB's C++ (Python ends threads that wake after its finalization began),
+        which aborts the process ("terminate called ...", SIGABRT) after every row was written.
+        False if one is still running."""
+        deadline = time.monotonic() + timeout_s
+        self._stopping.set()  # the reaper sees the close and ends
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
     def _stop(self, stop: QueryStop, reason: str) -> None:
         stop.stop(reason)
         with self._lock:  # after the reason: the reaper, which clears it under the lock, sees one or the other
@@ -96,6 +109,8 @@ class AdminSql:
             self._stopping.wait()
             with self._lock:
                 stopped = [stop for stop in self._pending if stop.reason is not None]
+                if not stopped and self._closed:
+                    return
                 if not stopped:
                     self._stopping.clear()
                     continue

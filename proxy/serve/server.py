@@ -215,13 +215,16 @@ class RunningProxy:
 
     async def aclose(self) -> None:
         """Admin queries are interrupted first (their handlers then end at once); the store closes in
-        a thread of its own, never behind anything in the loop's default executor."""
+        a thread of its own, never behind anything in the loop's default executor; then the admin
+        SQL threads are waited for (AdminSql.join)."""
         if self.admin_sql is not None:
             self.admin_sql.close()
         await self.stop_serving()
         self.state.recorder.record_ended()
         if self.store is not None:
             await in_own_thread(self.store.close)
+        if self.admin_sql is not None:
+            await in_own_thread(self.admin_sql.join)  # none is inside DuckDB as the interpreter exits
         if self.otel is not None:
             await in_own_thread(self.otel.shutdown)
             self.otel = None
