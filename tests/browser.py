@@ -53,6 +53,7 @@ class Chromium:
         self.errors: list[str] = []
         self.dialogs: list[str] = []
         self.requested: list[str] = []
+        self.paused: asyncio.Queue[str] = asyncio.Queue()  # requests `hold` stopped (Fetch.requestPaused)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._loaded = asyncio.Event()
@@ -149,6 +150,8 @@ class Chromium:
             self.errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
         elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
             self.errors.append(params["entry"]["text"])
+        elif method == "Fetch.requestPaused":
+            self.paused.put_nowait(params["requestId"])
         elif method == "Network.requestWillBeSent":
             self.requested.append(params["request"]["url"])
         elif method == "Page.javascriptDialogOpening":
@@ -161,6 +164,19 @@ class Chromium:
         self._loaded.clear()
         await self.send("Page.navigate", url=url)
         await asyncio.wait_for(self._loaded.wait(), 15)
+
+    async def hold(self, pattern: str) -> None:
+        """From now on requests whose URL matches `pattern` (CDP's wildcards) wait until `release`d."""
+        await self.send("Fetch.enable", patterns=[{"urlPattern": pattern}])
+
+    async def held(self, timeout: float = 10) -> str:
+        """The id of the next request `hold` stopped."""
+        return await asyncio.wait_for(self.paused.get(), timeout)
+
+    async def release(self, request_id: str) -> None:
+        """Let a held request go on, and stop holding new ones."""
+        await self.send("Fetch.continueRequest", requestId=request_id)
+        await self.send("Fetch.disable")
 
     async def evaluate(self, expression: str) -> Any:
         result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)

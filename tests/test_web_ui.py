@@ -368,6 +368,23 @@ async def test_an_800_px_window_stays_usable(world: World) -> None:
         await b.resize(1400, 1000)
 
 
+async def test_a_page_left_before_its_answer_came_is_not_drawn_over_the_next(world: World) -> None:
+    """Overview's answer held back until Requests is shown: when it comes, Requests stays (an
+    answer for a page already left is dropped; drawn, it replaced the page under CI's load)."""
+    b = world.browser
+    rows = "document.querySelectorAll('table.requests tbody tr').length > 0"
+    await world.page("#/live", "!!document.querySelector('#finished')")
+    await b.hold("*/_llmtap/api/overview*")
+    await b.evaluate("location.hash = '#/overview'; 1")
+    overview = await b.held()
+    await world.page("#/requests?since=&limit=5", rows)
+    answers = await b.evaluate("window.__llmtapAnswers || 0")
+    await b.release(overview)
+    await b.wait_for(f"(window.__llmtapAnswers || 0) > {answers}")  # Overview's answer came, and was dropped
+    assert await b.evaluate(rows) and not await b.evaluate("!!document.querySelector('table.summary')")
+    assert await b.evaluate("location.hash") == "#/requests?since=&limit=5"
+
+
 async def test_the_keyboard_reaches_every_control(world: World) -> None:
     b = world.browser
     for route, ready in (("#/requests?since=&limit=5", "document.querySelectorAll('table.requests tbody tr').length > 0"),

@@ -101,7 +101,7 @@
     return parts.length ? "?" + parts.join("&") : "";
   }
 
-  function get(path, params) {
+  function fetchJson(path, params) {
     return fetch(API + path + query(params), { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) {
         return r.json().catch(function () { return { error: "HTTP " + r.status }; }).then(function (body) {
@@ -109,6 +109,20 @@
           return body;
         });
       });
+  }
+
+  // The page's answers: one for a page already left (a slow Overview, then Requests) never settles,
+  // so it is not drawn over the page shown now. `window.__llmtapAnswers` counts the answers come
+  // (kept or dropped), for the tests.
+  var view = 0;
+  function get(path, params) {
+    var mine = view;
+    function settle(keep) {
+      window.__llmtapAnswers = (window.__llmtapAnswers || 0) + 1;
+      return mine === view ? keep() : new Promise(function () {});
+    }
+    return fetchJson(path, params).then(function (body) { return settle(function () { return body; }); },
+                                        function (err) { return settle(function () { throw err; }); });
   }
 
   function failed(err) {
@@ -131,6 +145,7 @@
   function go(page, params) { location.hash = "#/" + page + query(params); }
 
   function render() {
+    view += 1;
     if (live) { live.close(); live = null; }
     plots.forEach(function (p) { p.destroy(); });
     plots = [];
@@ -209,7 +224,7 @@
 
   var facetCache = null;
   function facets() {
-    if (!facetCache) facetCache = get("facets", { since: "7d" }).catch(function () { return {}; });
+    if (!facetCache) facetCache = fetchJson("facets", { since: "7d" }).catch(function () { return {}; });
     return facetCache;
   }
 
