@@ -1,7 +1,8 @@
 """How a batch of rows becomes one INSERT.
 
 Every table's rows are queued in column order (as tuples; a request's chunk rows as the columns
-the meter kept, proxy/common/chunk_rows.py) and go to DuckDB as Arrow arrays built by nanoarrow (Apache Arrow's small C library), which DuckDB scans without conversion: some 200
+the meter kept, proxy/common/chunk_rows.py) and go to DuckDB as Arrow arrays built by nanoarrow
+(Apache Arrow's small C library), which DuckDB scans without conversion: some 200
 times faster than `executemany` (benchmarks/store_throughput.py).
 
 `requests` rows come as dicts (the meter's, in schema order; a worker's; a test's with only some
