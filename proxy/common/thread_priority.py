@@ -24,14 +24,14 @@ import threading
 BACKGROUND_NICE = 5
 
 
-def lower_this_thread(by: int = BACKGROUND_NICE) -> bool:
-    """Raise the calling thread's nice value by `by` (once per thread: call it where the thread starts).
-    False where it cannot be done."""
+def lower_this_thread() -> bool:
+    """Raise the calling thread's nice value by BACKGROUND_NICE (once per thread: call it where the
+    thread starts). False where it cannot be done."""
     if sys.platform != "linux" or not hasattr(os, "setpriority"):
         return False
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
     except OSError:
         return False
     return True

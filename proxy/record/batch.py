@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from math import isfinite
 from datetime import datetime
 from itertools import repeat
+from math import isfinite
 from typing import Any
 
 import duckdb
