@@ -85,6 +85,7 @@ class Exchange:
     truncated: bool = False  # output cut short by the request's max tokens
     created: int = 0
     account: Any = None  # quota.Account of the request's credential, charged when the response starts
+    websocket: bool = False  # a response on the Responses WebSocket
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or new_request_id()
