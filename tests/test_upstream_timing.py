@@ -311,3 +311,32 @@ async def test_bench_routes_shows_where_the_delay_is(tmp_path: Path) -> None:
     assert abs(parts["upstream_stated"]) < 5 and parts["path"] >= 140
     said = headline(run.comparison, "/router")
     assert said is not None and "ms of it is outside the upstream's stated processing" in said
+
+
+async def test_the_stated_time_is_a_histogram_in_prometheus_and_otel(tmp_path: Path) -> None:
+    otel = pytest.importorskip("opentelemetry.sdk.metrics")
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from proxy.observe.metrics import PrometheusMetrics
+    from proxy.observe.otel import OtelExporter
+    from proxy.record.recorder import on_rows
+    from .test_metrics import samples
+
+    reader = InMemoryMetricReader()
+    exporter = OtelExporter(TracerProvider(), otel.MeterProvider(metric_readers=[reader]))
+    async with stating_proxy(tmp_path) as p, aiohttp.ClientSession() as s:
+        prometheus = PrometheusMetrics()
+        p.state.recorder.observe(on_rows(prometheus.observe))
+        p.state.recorder.observe(on_rows(exporter.observe))
+        for state in ([["openai-processing-ms", "80"]], [["openai-processing-ms", "40"]], []):
+            await send(s, p.url, 90, state)
+        assert p.flush(10)
+    name = "llmtap_client_inference_upstream_processing_duration_seconds"
+    found = samples(prometheus.render()[0].decode())
+    assert sum(v for (n, _), v in found.items() if n == f"{name}_count") == 2
+    assert sum(v for (n, _), v in found.items() if n == f"{name}_sum") == pytest.approx(0.12)
+    metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics}
+    (point,) = metrics["llmtap.client.inference.upstream_processing.duration"].data.data_points
+    assert (point.count, point.sum) == (2, pytest.approx(0.12))
