@@ -38,8 +38,8 @@ Method (docs/breakdown-and-compare.md says it in full):
 - Where TTFT's difference is: the same difference of medians (no interval) of each of its parts
   (docs/breakdown-and-compare.md), and of the time to response headers as a whole; over the
   requests whose upstream stated its time (analysis/breakdown.py STATED), of that stated part, the
-  path's rest of the wait, and the TTFT outside the stated part: which side of the upstream's line
-  the difference is on.
+  path's rest of the wait, and the time to the stated span's end (the headers; a WebSocket turn's
+  first token) outside it: which side of the upstream's line the difference is on.
 """
 
 from __future__ import annotations
@@ -89,13 +89,15 @@ TTFT_PARTS: tuple[tuple[str, str, str, str], ...] = (
 )
 BREAKDOWN_COLUMNS = ("pool_wait_ms", "upstream_wait_ms", "headers_to_first_token_ms")
 # Over the requests whose upstream stated its time (analysis/breakdown.py STATED): the stated part of
-# the wait, the path's rest of it, and the TTFT outside the stated part (where a difference is on
-# the near side of the upstream's line): (name, SQL expression, short words, long words)
+# the wait, the path's rest of it, and all of the time to the end of the stated span (the headers; a
+# WebSocket turn's first token) that is not stated: llmtap's, the connection's and the path's, the
+# near side of the upstream's line. (name, SQL expression, short words, long words)
 STATED_PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("upstream_stated", STATED, "stated", "in the upstream's stated processing"),
     ("path", f"CASE WHEN status = 101 THEN headers_to_first_token_ms ELSE upstream_wait_ms END - {STATED}",
      "path", "on the path"),
-    ("outside_stated", f"ttft_ms - {STATED}", "outside stated", "outside the upstream's stated processing"),
+    ("outside_stated", f"CASE WHEN status = 101 THEN ttft_ms ELSE upstream_headers_ms END - {STATED}",
+     "outside stated", "outside the upstream's stated processing"),
 )
 _STATED_NAMES = frozenset(name for name, _, _, _ in STATED_PARTS)
 

@@ -73,7 +73,7 @@ def read(stated: Stated | None, frame: bytes | None, wait_ms: float | None, fram
     (the turn's start to its first output event)."""
     if stated is None and frame is None:
         return EMPTY, None
-    out, notes = dict(EMPTY), []
+    out, notes = dict(EMPTY), list[str]()
     if frame is not None:
         _read_frame(frame, frame_ms, first_token_ms, out, notes)
     for source, text in stated or ():

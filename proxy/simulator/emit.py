@@ -7,7 +7,7 @@ TokenClock, and injects the configured mid-stream error or disconnect.
 
 from __future__ import annotations
 
-import asyncio
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -96,7 +96,7 @@ class Emitter:
         self._disconnect_after = disconnect_after
         self.error_events: Callable[[], list[Event]] = list
         self.sent = 0
-        self.first_at: float | None = None  # the loop's time when the first output event was written
+        self.first_at: float | None = None  # when the first output event was written (perf_counter)
         self.aborted = False
 
     async def event(self, event: Event) -> None:
@@ -115,7 +115,7 @@ class Emitter:
             await self.event(lead)
         await self.event(event)
         if self.first_at is None:
-            self.first_at = asyncio.get_running_loop().time()
+            self.first_at = time.perf_counter()
         self.sent += 1
         if self.sent == self._disconnect_after:
             self._disconnect()

@@ -3,15 +3,15 @@
 others, and Codex's `responsesapi.websocket_timing` frame on the Responses WebSocket (its shape as
 codex-rs reads it: `codex-rs/otel/src/events/session_telemetry.rs`).
 
-The time is the loop's, from the request's arrival (or a WebSocket response's `response.create`)
-less `headers_delay_ms`, which stands for the channel in front of the server; each figure is cut
-down (never rounded up), so it is never more than the server really took.
+The time runs from when the server began on the request (`Exchange.began`: past `headers_delay_ms`,
+which stands for the channel in front of the server); each figure is cut down (never rounded up), so
+it is never more than the server really took.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
+import time
 
 import orjson
 
@@ -19,8 +19,7 @@ from proxy.simulator.exchange import Exchange
 
 
 def _elapsed_ms(ex: Exchange, until: float | None = None) -> float:
-    at = asyncio.get_running_loop().time() if until is None else until
-    return max(0.0, (at - ex.started) * 1000 - ex.config.headers_delay_ms)
+    return max(0.0, ((time.perf_counter() if until is None else until) - ex.began) * 1000)
 
 
 def _down(ms: float) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import orjson
@@ -48,6 +49,7 @@ async def _respond(request: web.Request, ws: web.WebSocketResponse, config: SimC
     plan(ex)
     if config.headers_delay_ms:  # a slower channel: the response's first frame waits (its tokens too)
         await asyncio.sleep(config.headers_delay_ms / 1000)
+        ex.began = time.perf_counter()
 
     async def send(data: bytes) -> None:
         await ws.send_str(data.decode())
