@@ -36,7 +36,10 @@ Method (docs/breakdown-and-compare.md says it in full):
   tell a given difference from none are estimated from the interval's half-width h, which shrinks
   as 1/√n: n × (h / d)², for d the larger of the difference seen and 5 % of the baseline median.
 - Where TTFT's difference is: the same difference of medians (no interval) of each of its parts
-  (docs/breakdown-and-compare.md), and of the time to response headers as a whole.
+  (docs/breakdown-and-compare.md), and of the time to response headers as a whole; over the
+  requests whose upstream stated its time (analysis/breakdown.py STATED), of that stated part, the
+  path's rest of the wait, and the time to the stated span's end (the headers; a WebSocket turn's
+  first token) outside it: which side of the upstream's line the difference is on.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from statistics import NormalDist
 from typing import Any, Callable
 
 import numpy as np
+
+from analysis.breakdown import STATED, without_stated
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
 
@@ -83,6 +88,18 @@ TTFT_PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("headers_to_first_token", "headers_to_first_token_ms", "→token", "headers to first token"),
 )
 BREAKDOWN_COLUMNS = ("pool_wait_ms", "upstream_wait_ms", "headers_to_first_token_ms")
+# Over the requests whose upstream stated its time (analysis/breakdown.py STATED): the stated part of
+# the wait, the path's rest of it, and all of the time to the end of the stated span (the headers; a
+# WebSocket turn's first token) that is not stated: llmtap's, the connection's and the path's, the
+# near side of the upstream's line. (name, SQL expression, short words, long words)
+STATED_PARTS: tuple[tuple[str, str, str, str], ...] = (
+    ("upstream_stated", STATED, "stated", "in the upstream's stated processing"),
+    ("path", f"CASE WHEN status = 101 THEN headers_to_first_token_ms ELSE upstream_wait_ms END - {STATED}",
+     "path", "on the path"),
+    ("outside_stated", f"CASE WHEN status = 101 THEN ttft_ms ELSE upstream_headers_ms END - {STATED}",
+     "outside stated", "outside the upstream's stated processing"),
+)
+_STATED_NAMES = frozenset(name for name, _, _, _ in STATED_PARTS)
 
 
 @dataclass(frozen=True)
@@ -154,15 +171,15 @@ class _Rows:
 
 
 def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
-    part_terms = "".join(f",\n  {expr} AS {name}" for name, expr, _, _ in TTFT_PARTS) if parts else ""
+    part_terms = "".join(f",\n  {expr} AS {name}" for name, expr, _, _ in (*TTFT_PARTS, *STATED_PARTS)) if parts else ""
     headers = ",\n  upstream_headers_ms" if parts else ""
     condition = f"({where}) AND ({side.where}) AND outcome = 'ok'"
     _, _, counted = query(f"SELECT count(*) FROM requests WHERE {condition}")
     total = int(counted[0][0])
     sample = f" ORDER BY hash(id) LIMIT {MAX_ROWS}" if total > MAX_ROWS else ""
-    columns, _, rows = query(
+    columns, _, rows = query(without_stated(query, (
         f"SELECT input_tokens, stream, ttft_ms, tpot_ms, e2e_ms{headers}{part_terms}\n"
-        f"FROM requests WHERE {condition}{sample}")
+        f"FROM requests WHERE {condition}{sample}")))
     if not rows:
         return _Rows(total, {name: Sample.empty() for name in METRICS})
     data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
@@ -172,7 +189,7 @@ def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
     names = [(m, col, m == "ttft") for m, (col, _, _) in METRICS.items()]
     if parts:
         names += [("upstream_headers", "upstream_headers_ms", True)]
-        names += [(name, name, True) for name, _, _, _ in TTFT_PARTS]
+        names += [(name, name, True) for name, _, _, _ in (*TTFT_PARTS, *STATED_PARTS)]
     for name, column, streams_only in names:
         v = np.asarray([np.nan if x is None else float(x) for x in data[column]])
         keep = ~np.isnan(v) & (stream if streams_only else True)
@@ -455,7 +472,7 @@ def _part_differences(base: _Rows, side: _Rows, labels: tuple[str, str], rng: np
                       ) -> dict[str, float | None]:
     """Each part's difference at the shared input length (no interval)."""
     out: dict[str, float | None] = {}
-    for name in ("upstream_headers", *(n for n, _, _, _ in TTFT_PARTS)):
+    for name in ("upstream_headers", *(n for n, _, _, _ in (*TTFT_PARTS, *STATED_PARTS))):
         if name not in base.values or name not in side.values:
             out[name] = None
             continue
@@ -533,6 +550,8 @@ def headline(c: Comparison, group: str) -> str | None:
         big = [f"{fmt_diff(v)} {words}" for words, v in named if abs(v) >= max(1.0, 0.1 * abs(d.median_diff_ms))]
         if big:
             text += f" ({', '.join(big)})"
+    if parts and parts.get("outside_stated") is not None:
+        text += f"; {fmt_diff(parts['outside_stated'])} ms of it is outside the upstream's stated processing"
     return text
 
 
@@ -573,6 +592,10 @@ def to_table(c: Comparison) -> str:
             where = ", ".join(f"{words} {fmt_diff(parts[name])}" for name, _, words, _ in TTFT_PARTS
                               if parts.get(name) is not None)
             lines.append(f"  TTFT by part (ms): {where}")
+            stated = ", ".join(f"{words} {fmt_diff(parts[name])}" for name, _, words, _ in STATED_PARTS
+                               if parts.get(name) is not None)
+            if stated:
+                lines.append(f"  where the upstream stated its time (ms): {stated}")
         if (line := headline(c, g.label)) is not None:
             lines.append(f"  In short: {line}")
     if c.sampled:
@@ -611,7 +634,8 @@ def as_dict(c: Comparison) -> dict[str, Any]:
                          else [_round(v) for v in d.slopes_ms_per_1k],
                          "more_requests": d.more_requests, "detectable_ms": _round(d.detectable_ms),
                          "note": d.note} for d in c.differences],
-        "ttft_parts_diff_ms": [{k: _round(v) for k, v in p.items()} for p in c.ttft_parts],
+        "ttft_parts_diff_ms": [{k: _round(v) for k, v in p.items() if v is not None or k not in _STATED_NAMES}
+                               for p in c.ttft_parts],  # the stated parts only where an upstream stated
         "sampled": c.sampled,
     }
 

@@ -190,7 +190,7 @@ async def drive(base: str, calls: list[Call], concurrency: int = 4) -> None:
 async def run_demo(db: Path, seed: int = 7, port: int = 0) -> int:
     """Serve, drive the mix, stop (flushing every row). Returns the number of requests sent."""
     random.seed(seed)
-    sim_config = SimConfig(ttft_ms=120, itl_ms=12, tokens=60, prefill_us_per_token=40)
+    sim_config = SimConfig(ttft_ms=120, itl_ms=12, tokens=60, prefill_us_per_token=40, state_processing=True)
     async with Simulator(sim_config, record=False) as sim:
         config = ServeConfig(port=port, upstream=sim.url, db=str(db), quiet=True, tag="demo")
         async with RunningProxy(config, query_setup=create_views) as proxy:

@@ -27,6 +27,7 @@ import orjson
 from proxy.common.schema import KINDS, Outcome
 
 from analysis import report as report_mod, show as show_mod
+from analysis.breakdown import stated_split
 from analysis.filters import Filters, sql_string
 from analysis.formatting import plain
 from analysis.timewindow import WindowError, parse_time, utc_now
@@ -128,17 +129,23 @@ def requests(query: Query, params: Params, rest: str) -> Answer:
 def waterfall(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's time, in the order it passed, as the browser's network panel draws it: each part
     of the TTFT breakdown (analysis/breakdown.py's parts, by their columns), then the decode, then the
-    rest to the end. `start_ms` from the arrival at the proxy."""
+    rest to the end. `start_ms` from the arrival at the proxy. Where the upstream stated its time, the
+    part it splits (analysis/breakdown.py `stated_split`) is drawn as the upstream's stated time, then the path."""
     parts = [("proxy overhead", "proxy_overhead_ms"), ("pool wait", "pool_wait_ms"), ("llmtap wait", "proxy_wait_ms"),
              ("DNS", "dns_ms"), ("connect", "connect_ms"), ("TLS", "tls_ms"), ("upstream wait", "upstream_wait_ms"),
              ("headers → first token", "headers_to_first_token_ms"), ("decode", "decode_ms")]
     out, at = [], 0.0
+    split = stated_split(row)  # the wait the upstream accounts for, and the path's rest of it
     for label, column in parts:
         value = row.get(column)
         if value is None:
             continue
-        out.append({"part": label, "column": column, "start_ms": round(at, 3), "ms": round(float(value), 3)})
-        at += float(value)
+        pieces = [(label, column, float(value))]
+        if split is not None and split[0] == column:
+            pieces = [("upstream's stated time", split[1], split[2]), ("path", column, split[3])]
+        for part, name, ms in pieces:
+            out.append({"part": part, "column": name, "start_ms": round(at, 3), "ms": round(ms, 3)})
+            at += ms
     end = row.get("e2e_ms")
     if out and end is not None and end - at > 0.0005:
         out.append({"part": "to the end", "column": "e2e_ms", "start_ms": round(at, 3), "ms": round(end - at, 3)})

@@ -114,6 +114,12 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # component of the working directory in its system prompt (Claude Code, Cline) or Codex's
     # environment_context, never from user messages or files
     ("project", "VARCHAR"),
+    # what the upstream says it spent (m009; proxy/meter/upstream_timing.py): its processing time, the
+    # header or frame that said so, and a Responses WebSocket turn's engine TTFT and overhead outside it
+    ("upstream_processing_ms", "DOUBLE"),
+    ("upstream_processing_source", "VARCHAR"),
+    ("upstream_engine_ttft_ms", "DOUBLE"),
+    ("upstream_overhead_ms", "DOUBLE"),
 )
 
 KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")

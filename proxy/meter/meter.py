@@ -44,7 +44,7 @@ from proxy.meter.dialects.base import Dialect
 from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
 from proxy.common.chunk_rows import ChunkRows
-from proxy.meter import ratelimits
+from proxy.meter import ratelimits, upstream_timing
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from proxy.common.stats import GapHistogram, gaps_ms
 from proxy.meter.redact import redact, request_secrets
@@ -129,6 +129,7 @@ class Meter:
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
         "upstream_headers", "upstream_host", "upstream_sent",
         "_tap", "_turn_done",  # the constructor's `tap`, on_websocket_turn's `done`
+        "stated", "timing_frame",  # what the upstream says it spent (proxy/meter/upstream_timing.py)
     )
 
     def __init__(
@@ -168,6 +169,8 @@ class Meter:
         self.status: int | None = None
         self.retry_after: str | None = None
         self.limits: dict[str, str] | None = None  # the response's rate-limit headers (proxy/meter/ratelimits.py)
+        self.stated: upstream_timing.Stated | None = None  # its stated processing time, as sent
+        self.timing_frame: tuple[bytes, int] | None = None  # a WebSocket turn's timing frame, and its arrival
         self.response_bytes = 0
         self.response_end: int | None = None  # the last bytes handed to the client (before any wait to drain)
         self.is_stream = False
@@ -237,6 +240,7 @@ class Meter:
         self.status = status
         self.retry_after = headers.get("retry-after")
         self.limits = ratelimits.raw(headers)  # None unless a family of rate-limit headers is there
+        self.stated = upstream_timing.from_headers(headers)
         if status >= 400 and self.retry_after is None and (ms := headers.get("retry-after-ms")) is not None:
             self.limits = {**(self.limits or {}), "retry-after-ms": ms}
         encoding = headers.get("content-encoding")
@@ -440,6 +444,8 @@ class Meter:
             if delta is not None:
                 kind, visible, chars = delta
                 self._output(kind, visible, chars, len(payload), t_ns)
+            elif upstream_timing.is_timing_frame(payload):
+                self.timing_frame = (payload, t_ns)
             if self._tap is not None:
                 self._tap.on_frame(payload)
         except Exception as exc:
@@ -546,6 +552,9 @@ class Meter:
             gap_p50, gap_p99, gap_max = gaps_ms(times)
         conn = self.connection
         pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
+        told_timing, timing_note = self._stated_timing(upstream_wait)
+        if timing_note is not None:
+            parse_error = f"{parse_error}; {timing_note}" if parse_error else timing_note
         u, limits = d.usage, dict(self._limits())
         told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
                 "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
@@ -618,6 +627,7 @@ class Meter:
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
             "project": info.project,
+            **told_timing,
         }
         bounds.text_checked(row)
         return row, self._chunk_rows()
@@ -630,6 +640,15 @@ class Meter:
         return [{"id": call_id, "name": name,
                  "ended_ms": (ended - r) / 1e6 if ended > 0 else (end_ns - r) / 1e6 if whole else None}
                 for call_id, name, ended in self.dialect.tool_calls or ()]
+
+    def _stated_timing(self, wait_ms: float | None) -> tuple[dict[str, Any], str | None]:
+        """The upstream's stated times, checked against the spans measured (proxy/meter/upstream_timing.py)."""
+        frame, sent, times = self.timing_frame, self.upstream_sent, self.times
+        if self.stated is None and frame is None:
+            return upstream_timing.EMPTY, None
+        frame_ms = None if frame is None or sent is None else (frame[1] - sent) / 1e6
+        first_ms = (times[0] - sent) / 1e6 if times and sent is not None else None
+        return upstream_timing.read(self.stated, frame and frame[0], wait_ms, frame_ms, first_ms)
 
     def _limits(self) -> dict[str, Any]:
         """The rate-limit columns (proxy/meter/ratelimits.py), resets given as durations counted from the

@@ -33,7 +33,9 @@ kept for one release) emits the names of v1.41.0 instead:
 `gen_ai_client_token_usage` by `gen_ai_token_type` (`input`, `output`, and
 `cache_read`, an llmtap extension).
 
-llmtap extensions, in both: `llmtap_client_inference_cost_usd_total`, the
+llmtap extensions, in both: `llmtap_client_inference_upstream_processing_duration_seconds`, the
+time the upstream says it spent on a generation (`upstream_processing_ms`: proxy/meter/upstream_timing.py),
+`llmtap_client_inference_cost_usd_total`, the
 list price of the generations' tokens (proxy/common/prices.py, from genai-prices; a
 subscription's is a list-price equivalent: `billing="subscription"`), and the
 gauges of the latest limits each upstream stated per key fingerprint
@@ -199,6 +201,7 @@ class _Series(NamedTuple):
     output_hist: list[float]
     embed_input_hist: list[float]
     cost: tuple[list[float], list[float]]  # billing api, subscription
+    processing: list[float]  # the upstream's stated processing time
 
 
 class PrometheusMetrics:
@@ -238,6 +241,9 @@ class PrometheusMetrics:
                                    "List price of the generations' tokens in USD (genai-prices; an llmtap extension):"
                                    " billing=subscription is a list-price equivalent, not money spent.",
                                    (*LABELS, "billing"))
+        self.processing = LabeledHistogram("llmtap_client_inference_upstream_processing_duration_seconds",
+                                           "The time the upstream says it spent (upstream_processing_ms; an llmtap"
+                                           " extension): the rest of the wait is the path.", LABELS, DURATION_BUCKETS)
         self.requests = LabeledCounter("llmtap_requests", "Finished requests by outcome.", (*LABELS, "outcome"))
         # (key fingerprint, upstream) -> the latest stated limits: LIMIT_GAUGES' values, then 5h and 7d use
         self.limits: dict[tuple[str, str], list[float | None]] = {}
@@ -293,6 +299,8 @@ class PrometheusMetrics:
             add(DURATION_BUCKETS, series.ttft, ttft / 1000.0)
         if tpot is not None:
             add(DURATION_BUCKETS, series.tpot, tpot / 1000.0)
+        if (stated := get("upstream_processing_ms")) is not None:
+            add(DURATION_BUCKETS, series.processing, stated / 1000.0)
         if kind != "embedding" and (cost := row_cost(row)):
             series.cost[get("credential_kind") in SUBSCRIPTION_KINDS][0] += cost
 
@@ -323,7 +331,7 @@ class PrometheusMetrics:
             self.requests.get((*labels, outcome or NONE)), self.duration.get(labels), self.ttft.get(labels),
             self.tpot.get(labels), tokens, self.embed_duration.get(labels), self.input_hist.get(labels),
             self.output_hist.get(labels), self.embed_input_hist.get(labels),
-            (self.cost.get((*labels, "api")), self.cost.get((*labels, "subscription"))),
+            (self.cost.get((*labels, "api")), self.cost.get((*labels, "subscription"))), self.processing.get(labels),
         )
         return series
 
@@ -333,7 +341,7 @@ class PrometheusMetrics:
         else:
             instruments = (self.duration, self.embed_duration, self.ttft, self.tpot, *self.usage, self.input_hist,
                            self.output_hist, self.embed_input_hist)
-        for metric in (*instruments, self.cost, self.requests):
+        for metric in (*instruments, self.processing, self.cost, self.requests):
             yield metric.collect()
         yield from self._limit_gauges()
 

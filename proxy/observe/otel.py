@@ -32,7 +32,8 @@ an embedding's `gen_ai.client.embeddings.duration` and
 `.operation.input_tokens`; the span attribute `gen_ai.usage.cache_write.input_tokens`
 (was `cache_creation`). `metrics_names = "legacy"` keeps v1.41.0's names for one
 release (`gen_ai.client.operation.*`, `gen_ai.client.token.usage`). Both add
-`llmtap.client.inference.cost_usd` (a counter, the tokens' list price; an llmtap
+`llmtap.client.inference.upstream_processing.duration` (a histogram, s: the time the upstream says it
+spent, `upstream_processing_ms`), `llmtap.client.inference.cost_usd` (a counter, the tokens' list price; an llmtap
 extension, `llmtap.billing` = `api` or `subscription`) and the span attribute
 `llmtap.cost_usd`.
 
@@ -355,6 +356,9 @@ class OtelExporter:
             self.embed_input = meter.create_histogram(
                 "gen_ai.client.embeddings.operation.input_tokens", description="Input tokens per embedding.",
                 **tokens)
+        self.processing = meter.create_histogram(
+            "llmtap.client.inference.upstream_processing.duration",
+            description="The time the upstream says it spent (upstream_processing_ms; an llmtap extension).", **seconds)
         self.cost = meter.create_counter(
             "llmtap.client.inference.cost_usd", unit="{USD}",
             description="List price of the generations' tokens (genai-prices; an llmtap extension).")
@@ -409,6 +413,8 @@ class OtelExporter:
             self.ttft.record(row["ttft_ms"] / 1000.0, attributes)
         if row.get("tpot_ms") is not None:
             self.tpot.record(row["tpot_ms"] / 1000.0, attributes)
+        if row.get("upstream_processing_ms") is not None:
+            self.processing.record(row["upstream_processing_ms"] / 1000.0, attributes)
         if self.legacy:
             for token_type, column in TOKEN_TYPES:
                 if row.get(column) is not None:

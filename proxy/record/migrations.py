@@ -217,3 +217,12 @@ def m008_project(con: duckdb.DuckDBPyConnection) -> None:
     """The project each request's tool says it works in (docs/columns.md `project`). Rows recorded
     before have none: they stay NULL."""
     con.execute("ALTER TABLE requests ADD COLUMN project VARCHAR")
+
+
+@migration
+def m009_upstream_processing(con: duckdb.DuckDBPyConnection) -> None:
+    """What the upstream says it spent on each request (proxy/meter/upstream_timing.py). Rows recorded
+    before have none: they stay NULL."""
+    for name, type_ in (("upstream_processing_ms", "DOUBLE"), ("upstream_processing_source", "VARCHAR"),
+                        ("upstream_engine_ttft_ms", "DOUBLE"), ("upstream_overhead_ms", "DOUBLE")):
+        con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")

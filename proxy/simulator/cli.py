@@ -102,6 +102,9 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
               help="Hold each new connection this long (in the TLS handshake for https): a fresh connection's cost.")
 @click.option("--no-keep-alive", "keep_alive", flag_value=False, default=True,
               help="Close each connection after its response: every request opens a new one.")
+@click.option("--state-processing", is_flag=True,
+              help="State the server's time on each answer (openai-processing-ms, Server-Timing, the WebSocket "
+              "timing frame), without --headers-delay-ms: llmtap shows that delay as the path.")
 @click.option("--tls", is_flag=True,
               help="Serve https, with a certificate from a private CA made at start (needs trustme); "
               "its CA certificate goes to --tls-ca-file, for serve --ca-bundle.")

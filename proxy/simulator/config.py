@@ -29,6 +29,13 @@ class SimConfig:
     itself); keep_alive False closes each connection after its response, so
     every request opens a new one. connect_delay_ms takes effect when the
     Simulator starts.
+
+    state_processing: every answer states the server's own time on it, as
+    real upstreams do (stated.py): `openai-processing-ms` for the OpenAI APIs,
+    `Server-Timing: total;dur=` for the others, a `responsesapi.websocket_timing`
+    frame before a WebSocket response's last. headers_delay_ms stands for the
+    channel in front of the server, so it is left out of the stated time: it
+    shows as the path.
     """
 
     ttft_ms: float = 50
@@ -54,6 +61,7 @@ class SimConfig:
     headers_delay_ms: float = 0
     connect_delay_ms: float = 0
     keep_alive: bool = True
+    state_processing: bool = False
     # Account limits (quota.py), per credential: an API key's budget per window, a Claude login's per
     # 5 hours and 7 days; every response states what is left, and a request over budget gets a 429.
     # The defaults are a high tier's (no test or benchmark at loopback speed reaches them in a minute).
@@ -131,6 +139,7 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-cache-read-tokens": ("cache_read_tokens", _count),
     "x-sim-prefill-us-per-token": ("prefill_us_per_token", _duration),
     "x-sim-headers-delay-ms": ("headers_delay_ms", _duration),
+    "x-sim-state-processing": ("state_processing", _flag),
 }
 
 

@@ -7,6 +7,7 @@ TokenClock, and injects the configured mid-stream error or disconnect.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -95,6 +96,7 @@ class Emitter:
         self._disconnect_after = disconnect_after
         self.error_events: Callable[[], list[Event]] = list
         self.sent = 0
+        self.first_at: float | None = None  # when the first output event was written (perf_counter)
         self.aborted = False
 
     async def event(self, event: Event) -> None:
@@ -112,6 +114,8 @@ class Emitter:
         if lead is not None:
             await self.event(lead)
         await self.event(event)
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
         self.sent += 1
         if self.sent == self._disconnect_after:
             self._disconnect()

@@ -7,7 +7,7 @@ import math
 import time
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import brotli
@@ -85,6 +85,10 @@ class Exchange:
     truncated: bool = False  # output cut short by the request's max tokens
     created: int = 0
     account: Any = None  # quota.Account of the request's credential, charged when the response starts
+    websocket: bool = False  # a response on the Responses WebSocket
+    # when the server began on it, past the channel's hold (perf_counter: the loop's clock may tick by
+    # the millisecond, too coarse for the time it states: stated.py)
+    began: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self.request_id = self.request_id or new_request_id()

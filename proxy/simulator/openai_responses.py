@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.simulator import stated
 from proxy.simulator.emit import Emitter, Event, sse_named
 from proxy.simulator.exchange import Exchange, ToolCall, open_exchange
 from proxy.simulator.respond import respond_json, respond_stream
@@ -124,6 +125,8 @@ async def produce(em: Emitter, ex: Exchange) -> None:
     else:
         await _message(em, ex, index)
     await em.checkpoint()
+    if ex.websocket and ex.config.state_processing:
+        await em.raw(stated.timing_frame(ex, em.first_at))
     await em.event(ev(f"response.{_status(ex)}", response=final_response(ex)))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.simulator import quota
+from proxy.simulator import quota, stated
 from proxy.simulator.emit import Emitter, Event, HttpSink, Stopped
 from proxy.simulator.errors import STREAM_ERROR_STATUS, Api, error_body
 from proxy.simulator.exchange import Exchange, SimError, new_request_id
@@ -62,7 +62,8 @@ async def respond_json(request: web.Request, ex: Exchange, build: Callable[[Exch
         return web.Response()
     if ex.config.stream_error:
         raise SimError(ex.api, STREAM_ERROR_STATUS[ex.api], gzip=ex.gzip)
-    return json_response(ex.api, 200, build(ex), request_id=ex.request_id, gzip=ex.gzip, extra=limit_headers(ex))
+    extra = limit_headers(ex) | stated.headers(ex)
+    return json_response(ex.api, 200, build(ex), request_id=ex.request_id, gzip=ex.gzip, extra=extra)
 
 
 def limit_headers(ex: Exchange) -> dict[str, str]:
@@ -86,6 +87,7 @@ async def respond_stream(
     resp = web.StreamResponse(headers={"content-type": content_type, "cache-control": "no-cache"})
     resp.headers.update(id_headers(ex.api, ex.request_id))
     resp.headers.update(limit_headers(ex))
+    resp.headers.update(stated.headers(ex))
     if ex.gzip:
         resp.headers["content-encoding"] = "gzip"
     await resp.prepare(request)

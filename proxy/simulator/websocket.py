@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import orjson
@@ -44,10 +45,11 @@ async def _respond(request: web.Request, ws: web.WebSocketResponse, config: SimC
     state: SimState = request.app[STATE]
     if body.get("generate") is False:  # Codex's prewarm: the real API answers it without output
         config = dataclasses.replace(config, tokens=0, reasoning_tokens=0, tool_call=False, ttft_ms=0)
-    ex = Exchange("openai", config, body, asyncio.get_running_loop().time())
+    ex = Exchange("openai", config, body, asyncio.get_running_loop().time(), websocket=True)
     plan(ex)
     if config.headers_delay_ms:  # a slower channel: the response's first frame waits (its tokens too)
         await asyncio.sleep(config.headers_delay_ms / 1000)
+        ex.began = time.perf_counter()
 
     async def send(data: bytes) -> None:
         await ws.send_str(data.decode())

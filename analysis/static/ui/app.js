@@ -354,7 +354,8 @@
           return { label: w.part, start: w.start_ms, size: w.ms, value: w.ms, text: ms(w.ms), column: w.column };
         }), whole)) : h("p", { "class": "muted" }, "No breakdown recorded for this request (it failed before, or was answered by llmtap)."),
         h("p", { "class": "muted" }, "From the arrival at the proxy (0) to the end (" + ms(r.e2e_ms) +
-          "); the parts are the row's columns (docs/columns.md)."));
+          "); the parts are the row's columns (docs/columns.md). Where the upstream stated its time, the wait it" +
+          " accounts for is its stated time and the rest is the path (network, gateways)."));
       sections.push(h("h2", null, "Chunk timeline"));
       if (d.chunks.length) {
         var gaps = d.chunks.slice(1).map(function (c, i) { return { at: d.chunks[i].offset_ms, gap: c.offset_ms - d.chunks[i].offset_ms, seq: c.seq }; })
