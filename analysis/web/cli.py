@@ -30,7 +30,7 @@ def ui(url: str | None, admin_token: str | None, no_browser: bool) -> None:
         answer = client.call("ui/ticket", {})
     except AdminError as exc:
         raise click.ClickException(str(exc)) from None
-    link = f"{client.url}{answer['path']}?ticket={answer['ticket']}"
+    link = f"{client.url}{answer['path']}{answer['ticket']}"
     if no_browser or not webbrowser.open(link):
         echo(f"open this link (once, within two minutes): {link}")
     else:
