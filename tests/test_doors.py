@@ -362,3 +362,53 @@ async def test_a_page_in_a_real_browser_cannot_spend_the_key(tmp_path: Path, mon
     assert up.received == []
     assert {(r["method"], r["status"], r["error_type"]) for r in found} == {
         ("POST", 403, "refused_web_page"), ("OPTIONS", 403, "refused_web_page"), ("GET", 403, "refused_web_page")}
+
+
+BROWSER_RECORDER = """#!/bin/sh
+# a browser as `webbrowser` starts it: its argv stays readable in /proc/PID/cmdline while it runs
+sh -c 'sleep 120; :' llmtap-browser-recorder "$1" </dev/null >/dev/null 2>&1 &
+echo $! > "$RECORDER_PID"
+"""
+
+
+async def test_llmtap_ui_puts_no_login_link_on_the_browsers_command_line(tmp_path: Path) -> None:
+    """`llmtap ui` starts the browser ($BROWSER) as any user would see it: a second Unix user reads every
+    /proc/*/cmdline and finds the browser's argument, but no ticket in it; the file it names is owner-only,
+    and its link trades for a session once."""
+    from analysis.web import WebUi
+
+    from .other_user import _ensure_user, can_read
+
+    user = _ensure_user()
+    recorder = tmp_path / "browser.sh"
+    recorder.write_text(BROWSER_RECORDER)
+    recorder.chmod(0o755)
+    pid_file = tmp_path / "recorder.pid"
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path), ui=WebUi()) as p:
+            env = {**os.environ, "BROWSER": f"{recorder} %s", "RECORDER_PID": str(pid_file),
+                   "LLMTAP_HOME": str(tmp_path / "home"), "LLMTAP_ADMIN_TOKEN": p.admin_token}
+            done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy", "ui", "--url", p.url],
+                                           env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and "opened" in done.stdout, done.stdout + done.stderr
+            pid = int(pid_file.read_text())
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                opened = argv[argv.index(b"llmtap-browser-recorder") + 1].decode()
+                sniffed = await asyncio.to_thread(subprocess.run, ["runuser", "-u", user.pw_name, "--", "sh", "-c",
+                                                  "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"],
+                                                  capture_output=True, text=True, timeout=60)
+            finally:
+                os.kill(pid, 9)
+            assert opened in sniffed.stdout  # the other user sees the browser's argument...
+            assert opened.startswith("file://") and "#login=" not in opened  # ...a path
+            opener = Path(opened.removeprefix("file://"))
+            assert stat.S_IMODE(opener.stat().st_mode) == 0o600 and not can_read(user, opener)
+            link = opener.read_text().split('url=', 1)[1].split('"', 1)[0]
+            assert link.startswith(p.url + "/_llmtap/ui/#login=")
+            ticket = link.rpartition("=")[2]
+            assert ticket not in sniffed.stdout
+            async with aiohttp.ClientSession() as s:
+                for status in (200, 403):  # the owner's browser trades it, once
+                    async with s.post(p.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
+                        assert r.status == status

@@ -185,6 +185,20 @@ async def test_login_trades_the_ticket_for_a_session_only_this_origin_holds(worl
             assert r.status == 200
 
 
+async def test_the_opener_file_of_llmtap_ui_logs_the_browser_in(world: World, tmp_path: Any, monkeypatch: Any) -> None:
+    """What `llmtap ui` gives the browser (a file:// path, not the link: tests/test_doors.py) leads a real
+    Chromium to the UI, logged in, with the ticket gone from the address bar."""
+    from analysis.web.cli import opener_file
+
+    monkeypatch.setenv("LLMTAP_HOME", str(tmp_path))
+    b = world.browser
+    await b.open("about:blank")
+    link = await world.ticket()
+    await b.open(opener_file(link).as_uri())
+    await b.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('#inflight')")
+    assert await b.evaluate("location.hash") == "#/live" and await world.session()
+
+
 async def test_the_session_opens_reads_only(world: World) -> None:
     await login(world)
     ours = {"X-Llmtap-Ui": await world.session()}

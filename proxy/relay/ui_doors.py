@@ -13,7 +13,8 @@
 - The session is `s2.<issued>.<nonce>.<HMAC-SHA256(admin token, "s2.<issued>.<nonce>")>`: any process
   holding the admin token checks it without state (a `serve --workers` worker too), and it dies with
   the token (a new one per start unless configured) or after SESSION_S.
-- The UI's files (its code, no data) open to the loopback browser without a session; the session opens
+- The UI's files (its code, no data) open to a loopback browser without a session, whatever page led
+  there (`llmtap ui`'s file:// opener is another site to the browser); the session opens
   only reads: GET (and HEAD) of `/_llmtap/api/*`, `/_llmtap/live` and `/_llmtap/health`, from the page
   itself (`ui_request`). Everything that acts (`POST /_llmtap/sql`, the ticket) still needs the admin
   token, which the UI's own page never has: so there is nothing to forge (CSRF).
@@ -90,16 +91,14 @@ def ui_request(request: web.Request, name: str, token: str) -> bool:
     """What the UI's page may do without the admin token: read its files (code, no data), trade a
     ticket (`POST ui/login`), and, with its session in HEADER, read a name the session opens. The
     caller checks the peer and the Host."""
+    head = name.partition("/")[0]
+    if head == "ui" and name != "ui/login":  # whoever navigates here, `llmtap ui`'s file:// opener too
+        return request.method in READ_ONLY
     if not _from_itself(request):
         return False
     if name == "ui/login":
         return request.method == "POST"
-    if request.method not in READ_ONLY:
-        return False
-    head = name.partition("/")[0]
-    if head == "ui":
-        return True
-    return head in SESSION_NAMES and session_valid(request.headers.get(HEADER), token)
+    return request.method in READ_ONLY and head in SESSION_NAMES and session_valid(request.headers.get(HEADER), token)
 
 
 class Tickets:
