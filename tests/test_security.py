@@ -19,6 +19,8 @@ from .serving import RunningProxy
 from .conftest import proxy_config, rows
 from .faultkit import JSON, RawConn, RawUpstream, Serve, body_of, http_head, raw_exchange, status_of
 from .upstreams import Script, ScriptedUpstream
+from .waiting import wait_until
+from proxy.simulator.app import Simulator
 
 
 def own_address() -> str | None:
@@ -324,3 +326,42 @@ async def test_no_encoding_of_a_dot_dot_segment_reaches_the_upstream(tmp_path: P
     assert sorted(r["path"] for r in found) == sorted(CLIMBS)
     assert {(r["status"], r["error_type"]) for r in found} == {(400, "bad_path")}
     assert len(up.requests) == 3  # only the ordinary paths
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_websocket_message_past_the_body_cap_closes_with_1009_and_a_row(sim: Simulator, tmp_path: Path) -> None:
+    """A Responses WebSocket through `llmtap serve --max-body-mb 2` to the simulator: a normal turn
+    relays, a 64 MiB message is refused from its frame's header (1009, a row saying so), and the
+    proxy's peak RSS does not grow by the message (it grew by several times it: no cap at all)."""
+    huge = 64 * 1024 * 1024
+    async with Serve(sim.url, tmp_path / "ws.duckdb", "--max-body-mb", "2") as serve:
+        url = serve.base + "/v1/responses"
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(url) as ws:  # a normal turn first: relayed, its row written
+                await ws.send_json({"type": "response.create", "model": "gpt-x", "input": "hi"})
+                while (await ws.receive_json(timeout=10))["type"] != "response.completed":
+                    pass
+            before = _peak_rss_mib(serve.proc.pid)
+            async with s.ws_connect(url, max_msg_size=0) as ws:
+                message = b'{"type": "response.create", "model": "gpt-x", "input": "' + b"x" * huge + b'"}'
+                sending = asyncio.create_task(ws.send_frame(message, aiohttp.WSMsgType.TEXT))
+                del message
+                closing = await ws.receive(timeout=10)  # while the frame still goes out
+                await asyncio.gather(sending, return_exceptions=True)  # the proxy closed under it
+                assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1009), closing
+        grown = _peak_rss_mib(serve.proc.pid) - before
+
+        def both_rows() -> list[tuple] | None:
+            found = serve.admin.sql("SELECT outcome, error_type, error_message FROM requests ORDER BY started_at")[0][2]
+            return found if len(found) >= 2 else None
+
+        found = await wait_until(both_rows, what="the refused message's row")
+    assert found[0][:2] == ("ok", None)
+    assert found[-1][:2] == ("http_error", "request_too_large") and "1009" in found[-1][2], found
+    assert grown < huge / 2**20 / 2, f"peak RSS grew by {grown:.0f} MiB for a refused 64 MiB message"
