@@ -412,3 +412,38 @@ async def test_llmtap_ui_puts_no_login_link_on_the_browsers_command_line(tmp_pat
                 for status in (200, 403):  # the owner's browser trades it, once
                     async with s.post(p.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
                         assert r.status == status
+
+
+async def test_no_dot_dot_in_an_admin_path_reaches_the_primary(tmp_path: Path) -> None:
+    """`serve --workers 2`: `/_llmtap/ui/../metrics` and its encodings, sent on raw sockets (clients
+    normalise paths) with no credential and with the UI's session, never answer the metrics or SQL,
+    whichever process takes the connection (a worker relayed them to the primary with the admin token)."""
+    from .test_workers import VIA_HEADER, start_serve, stop
+
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        proc, state = await start_serve(up.url, tmp_path / "w.duckdb")
+        try:
+            port = int(state.url.rpartition(":")[2])
+            ticket = running.AdminClient(state.url, state.admin_token).call("ui/ticket", {})["ticket"]
+            async with aiohttp.ClientSession() as s:
+                async with s.post(state.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
+                    session = (await r.json())["session"]
+            paths = ["/_llmtap/ui/../metrics", "/_llmtap/api/%2e%2e/metrics", "/_llmtap/ui/..%2fmetrics",
+                     "/_llmtap/ui/.%2e/metrics", "/_llmtap/health/../metrics", "/_llmtap/ui/%2E%2E/health"]
+            via: set[str] = set()
+            for path in paths:
+                for credential in ("", f"X-Llmtap-Ui: {session}\r\n"):
+                    for _ in range(6):  # connections spread over the processes (SO_REUSEPORT)
+                        answer = await raw_exchange(port, f"GET {path} HTTP/1.1\r\nHost: {state.url[7:]}\r\n{credential}"
+                                                          "Connection: close\r\n\r\n".encode())
+                        head, _, body = answer.partition(b"\r\n\r\n")
+                        assert not head.startswith(b"HTTP/1.1 200"), (path, answer[:300])
+                        assert b"llmtap_requests" not in body and b'"ok"' not in body, (path, answer[:300])
+            for _ in range(20):  # and the same connections do reach a worker, which relays what it allows
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                    async with s.get(state.url + "/_llmtap/health", headers={"X-Llmtap-Ui": session}) as r:
+                        assert r.status == 200
+                        via.add("worker" if VIA_HEADER in r.headers else "primary")
+        finally:
+            stop(proc)
+    assert via == {"worker", "primary"}

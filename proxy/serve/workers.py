@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from proxy.relay import admin
 from proxy.common import instances as running
@@ -343,9 +344,9 @@ class AdminRelay:
         headers = {running.TOKEN_HEADER: self.token}  # allowed here (token, or the UI's cookie or login)
         if content_type := request.headers.get("Content-Type"):
             headers["Content-Type"] = content_type
-        url = "http://llmtap-primary" + running.ADMIN_PREFIX + name
-        if request.query_string:
-            url += "?" + request.query_string
+        # the path as it was checked (encoded as sent, never normalised on the way: proxy/relay/app.py)
+        url = URL.build(scheme="http", host="llmtap-primary", path=running.ADMIN_PREFIX + name,
+                        query_string=request.query_string, encoded=True)
         body = await request.read()
         response: web.StreamResponse | None = None
         try:
