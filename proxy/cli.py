@@ -121,6 +121,8 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help="Seconds of upstream silence before giving up (default 600).")
 @click.option("--max-body-mb", type=float, help="Largest request body in MiB (default 64).")
 @click.option("--body-memory-mb", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Request bodies held in memory at once, all requests together, in MiB (default 256); past it a request gets a 503.")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), metavar="S", help="Seconds a request's head may take, from the connection's start or its last answer's end (default 30); past it the connection is closed.")
+@click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Client connections open at once (default 10000, lowered to fit the open-file limit); past it a new one gets a 503.")
 @click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CAs for TLS to the upstream, added to the system's (also read: REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS).")
 @click.option("--upstream-proxy", metavar="URL", help="Reach the upstreams through this HTTP proxy (http://[user:pass@]host:port), or `none` to go direct; default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY.")

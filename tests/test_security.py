@@ -365,3 +365,63 @@ async def test_a_websocket_message_past_the_body_cap_closes_with_1009_and_a_row(
     assert found[0][:2] == ("ok", None)
     assert found[-1][:2] == ("http_error", "request_too_large") and "1009" in found[-1][2], found
     assert grown < huge / 2**20 / 2, f"peak RSS grew by {grown:.0f} MiB for a refused 64 MiB message"
+
+
+async def _slow_head(port: int, every_s: float, deadline_s: float) -> bool:
+    """A client that sends a request's head one header line at a time, `every_s` apart, for ever:
+    True once the proxy closed the connection (within `deadline_s`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        async with asyncio.timeout(deadline_s):
+            while True:
+                try:
+                    writer.write(b"X-Slow: 1\r\n")
+                    await writer.drain()
+                    if await asyncio.wait_for(reader.read(65536), every_s) == b"":
+                        return True
+                except TimeoutError:
+                    continue
+                except ConnectionError:
+                    return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+async def test_a_head_that_never_completes_is_closed_and_streams_are_not(sim: Simulator, tmp_path: Path) -> None:
+    """`--header-timeout 1`: a client sending one header line every 0.2 s, and one sending nothing, are
+    closed; a stream that lasts longer than the timeout is relayed whole."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path, header_timeout_s=1.0)) as p:
+        assert await _slow_head(p.port, 0.2, 15)  # open for ever, before
+        reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+        async with asyncio.timeout(15):
+            assert await reader.read(65536) == b""  # nothing sent: closed too
+        writer.close()
+        body = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/v1/chat/completions", json=body,
+                              headers={"x-sim-tokens": "25", "x-sim-itl-ms": "100"}) as r:  # 2.5 s of stream
+                text = await r.text()
+        assert r.status == 200 and text.count("data: ") >= 25 and "[DONE]" in text
+
+
+async def test_past_max_connections_a_new_one_gets_a_clear_503(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path, max_connections=4)) as p:
+        held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(4)]
+        await wait_until(lambda: len(p.runner.server.connections) == 4, what="the four connections accepted")
+        answer = await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer, answer
+        assert orjson.loads(body_of(answer))["error"]["type"] == "too_many_connections"
+        held.pop()[1].close()
+
+        async def answered() -> bytes:
+            return await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+
+        async with asyncio.timeout(15):  # once one closed, a new one is served
+            while (again := await answered()).startswith(b"HTTP/1.1 503 "):
+                await asyncio.sleep(0.05)
+        assert not again.startswith(b"HTTP/1.1 503 "), again
+        for _, writer in held:
+            writer.close()
