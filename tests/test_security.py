@@ -425,3 +425,40 @@ async def test_past_max_connections_a_new_one_gets_a_clear_503(sim: Simulator, t
         assert not again.startswith(b"HTTP/1.1 503 "), again
         for _, writer in held:
             writer.close()
+
+
+LEAKED = "sk-upstream-real-0123456789abcdefXYZ"
+
+
+async def test_keys_are_redacted_from_every_stored_text_and_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream answers the injected key as the response's model, as a tool_use name, and spaced
+    out in its error; the client sends llmtap's client key in a path and as a `/_tag/`. No row column
+    (lists and structs too) and no log line holds either key, spaced or not."""
+    monkeypatch.setenv("REAL_KEY", LEAKED)
+    echo = orjson.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": LEAKED,
+                         "content": [{"type": "tool_use", "id": "toolu_1", "name": LEAKED, "input": {}}],
+                         "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 2}})
+    spaced = " ".join(LEAKED)
+    error = orjson.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": f"bad key {spaced}"}})
+    lines: list[str] = []
+    async with ScriptedUpstream(Script(chunks=[echo], headers=[("Content-Type", "application/json")])) as ok, \
+            ScriptedUpstream(Script(status=400, chunks=[error], headers=[("Content-Type", "application/json")])) as bad:
+        config = proxy_config(None, tmp_path, routes={"/ok": ok.url, "/bad": bad.url},  # type: ignore[arg-type]
+                              route_key_env={"/ok": "REAL_KEY", "/bad": "REAL_KEY"}, quiet=False)
+        async with RunningProxy(config, report=lines.append) as p:
+            key = p.state.client_key
+            assert key
+            body = {"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession(headers={"x-api-key": key}) as s:
+                for path in ("/ok/v1/messages", "/bad/v1/messages", f"/_tag/{key}/ok/v1/messages",
+                             f"/ok/v1/{key}/messages", f"/_tag/{' '.join(key)}/ok/v1/messages"):
+                    async with s.post(p.url + path, json=body) as r:
+                        await r.read()
+            found = rows(p, "SELECT * FROM requests")
+    assert len(found) == 5, lines
+    stored = orjson.dumps(found, default=str).decode() + "\n".join(lines)
+    assert any(r["response_model"] == "[REDACTED]" for r in found)
+    assert any(r["tool_calls"] and r["tool_calls"][0]["name"] == "[REDACTED]" for r in found)
+    for secret in (LEAKED, key):
+        assert secret not in stored and " ".join(secret) not in stored
+        assert secret not in "".join(stored.split()).replace("%20", "")
