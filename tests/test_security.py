@@ -462,3 +462,69 @@ async def test_keys_are_redacted_from_every_stored_text_and_the_log(tmp_path: Pa
     for secret in (LEAKED, key):
         assert secret not in stored and " ".join(secret) not in stored
         assert secret not in "".join(stored.split()).replace("%20", "")
+
+
+async def test_an_upstreams_echo_of_the_injected_key_never_reaches_the_client(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a route that injects the key, an upstream that echoes it (in a header, a whole body, a stream
+    that splits it across two chunks, a WebSocket frame) gets it to the client masked, the body's length
+    unchanged, and the stream's bytes before the split not held back."""
+    from aiohttp import web
+
+    monkeypatch.setenv("REAL_KEY", LEAKED)
+    half = len(LEAKED) // 2
+    first_event = b'data: {"delta": "one"}\n\n'
+    go_on = asyncio.Event()
+    seen: dict[str, str] = {}
+
+    async def whole(request: web.Request) -> web.Response:
+        seen["accept-encoding"] = request.headers.get("Accept-Encoding", "")
+        body = orjson.dumps({"error": {"message": f"key {LEAKED} is not allowed"}})
+        return web.Response(status=401, body=body, headers={"X-Echo": LEAKED, "Content-Type": "application/json"})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first_event + b'data: {"delta": "' + LEAKED[:half].encode())
+        await go_on.wait()  # the client has the first event before the key's second half is even sent
+        await response.write(LEAKED[half:].encode() + b'"}\n\ndata: [DONE]\n\n')
+        return response
+
+    async def frames(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            await ws.send_str(orjson.dumps({"type": "error", "message": LEAKED}).decode())
+        return ws
+
+    app = web.Application()
+    app.router.add_post("/v1/whole", whole)
+    app.router.add_post("/v1/stream", stream)
+    app.router.add_get("/v1/responses", frames)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    upstream = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        config = proxy_config(None, tmp_path, routes={"/p": upstream}, route_key_env={"/p": "REAL_KEY"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {p.state.client_key}"}) as s:
+                async with s.post(p.url + "/p/v1/whole", json={}) as r:
+                    body = await r.read()
+                    assert r.status == 401 and LEAKED not in str(r.headers) and r.headers["X-Echo"] == "*" * len(LEAKED)
+                    assert LEAKED.encode() not in body and int(r.headers["Content-Length"]) == len(body)
+                    assert b"*" * len(LEAKED) in body
+                assert seen["accept-encoding"] == "identity"
+                async with s.post(p.url + "/p/v1/stream", json={}) as r:
+                    got = await r.content.readuntil(b"\n\n")
+                    assert got == first_event  # not held: only what could begin the key waits
+                    go_on.set()
+                    rest = got + await r.read()
+                assert LEAKED.encode() not in rest and LEAKED[:half].encode() not in rest
+                assert b'"' + b"*" * len(LEAKED) + b'"' in rest and rest.endswith(b"data: [DONE]\n\n")
+                async with s.ws_connect(p.url + "/p/v1/responses") as ws:
+                    await ws.send_str('{"type": "response.create", "model": "m"}')
+                    frame = await ws.receive_str(timeout=10)
+                assert LEAKED not in frame and "*" * len(LEAKED) in frame
+    finally:
+        await runner.cleanup()

@@ -26,6 +26,7 @@ from aiohttp.http import WSMessageNoDecodeText
 
 from proxy.relay.body_budget import Lease, OverBudget
 from proxy.relay.errors import error_response
+from proxy.relay.key_mask import mask_of
 from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
 from proxy.meter.meter import Meter
 from proxy.relay.app_state import STATE, AppState
@@ -162,6 +163,8 @@ async def _pump(client: ClientSide, upstream: UpstreamSide, turns: _Turns, lease
         turns.closed_by_llmtap(outcome, error)
         await asyncio.gather(client.close(code=code), upstream.close(code=code), return_exceptions=True)
 
+    mask = mask_of(turns.route.credential)  # the injected key, masked in what goes back to the client
+
     async def relayed(msg: WSMessageNoDecodeText, to: ClientSide | UpstreamSide) -> bool:
         """One message to the other side, counted in the budget while held; False if llmtap closed."""
         try:
@@ -170,8 +173,9 @@ async def _pump(client: ClientSide, upstream: UpstreamSide, turns: _Turns, lease
             await refuse(WSCloseCode.TRY_AGAIN_LATER, Outcome.HTTP_ERROR, ("body_memory_full", (
                 "WebSocket messages in memory are over llmtap's --body-memory-mb: closed with 1013, try again later")))
             return False
+        data = mask.whole(msg.data) if mask is not None and to is client else msg.data
         try:
-            await to.send_frame(msg.data, msg.type)
+            await to.send_frame(data, msg.type)
         finally:
             lease.release()
         return True
