@@ -153,6 +153,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
     from proxy.serve.forever import serve_forever
     from proxy.serve.server import check_bind, run
     from proxy.record.store import StoreError
+    from proxy.settings.client_key import SecretFileError
 
     try:
         keys = dict(_pair(spec, "--route-key-env") for spec in route_key_specs)
@@ -166,7 +167,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
         run(lambda: serve_forever(config, query_setup=_views(), workers=workers, ui=_ui()))
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    except StoreError as exc:
+    except (StoreError, SecretFileError) as exc:  # a client key others can read, say: one line, no traceback
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None

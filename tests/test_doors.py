@@ -447,3 +447,19 @@ async def test_no_dot_dot_in_an_admin_path_reaches_the_primary(tmp_path: Path) -
         finally:
             stop(proc)
     assert via == {"worker", "primary"}
+
+
+def test_a_planted_world_readable_client_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Someone leaves a world-readable `client-key` in the data directory: serve refuses to spend the
+    injected key with it, in one line that says the fix (it was a traceback)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    planted = home / "client-key"
+    planted.write_text("sk-llmtap-planted-by-someone-else-0123456789\n")
+    planted.chmod(0o644)
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", "0", "--db", str(tmp_path / "x.duckdb"),
+                           "--upstream", "http://127.0.0.1:9", "--upstream-key-env", "REAL_KEY"],
+                          env={**os.environ, "LLMTAP_HOME": str(home), "REAL_KEY": REAL},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == f"Error: {planted} is readable by other users: chmod 600 {planted}\n"

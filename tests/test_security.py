@@ -528,3 +528,41 @@ async def test_an_upstreams_echo_of_the_injected_key_never_reaches_the_client(tm
                 assert LEAKED not in frame and "*" * len(LEAKED) in frame
     finally:
         await runner.cleanup()
+
+
+async def test_full_width_formula_starters_are_quoted_in_every_csv(tmp_path: Path) -> None:
+    """A model `＝HYPERLINK(…)` and an upstream error `＠SUM(…)` (full-width = and @) through a real
+    proxy, then `sql --format csv` and `export --format csv`: each such cell starts with `'`."""
+    import csv
+    import io
+
+    from .test_output_files import cells, cli
+
+    model, error = '＝HYPERLINK("http://evil.example/","x")', "＠SUM(1+1)"
+    body = orjson.dumps({"error": {"type": "invalid_request_error", "message": error}})
+    async with ScriptedUpstream(Script(status=400, headers=[("Content-Type", "application/json")], chunks=[body])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(p.url + "/v1/chat/completions", json={"model": model, "messages": []}) as r:
+                    await r.read()
+    db = str(tmp_path / "llmtap.duckdb")
+    sql = cli("sql", "--db", db, "--format", "csv", "SELECT request_model, error_message FROM requests")
+    assert cells(sql)[-2:] == ["'" + model, "'" + error]
+    cli("export", "--db", db, "--out", str(tmp_path / "out"), "--format", "csv")
+    [exported] = (tmp_path / "out" / "requests").glob("*/*.csv")
+    [row] = list(csv.DictReader(io.StringIO(exported.read_text())))
+    assert (row["request_model"], row["error_message"]) == ("'" + model, "'" + error)
+
+
+async def test_a_gap_that_is_not_a_number_of_minutes_is_a_clear_400(sim: Simulator, tmp_path: Path) -> None:
+    from analysis.web import WebUi
+    from proxy.common.instances import TOKEN_HEADER
+
+    async with RunningProxy(proxy_config(sim.url, tmp_path), ui=WebUi()) as p:
+        async with aiohttp.ClientSession(headers={TOKEN_HEADER: p.admin_token}) as s:
+            async with s.get(p.url + "/_llmtap/api/sessions", params={"gap": "10"}) as r:
+                assert r.status == 200, await r.text()
+            for gap in ("nan", "inf", "-inf", "-5", "0", "1e400", "ten"):
+                async with s.get(p.url + "/_llmtap/api/sessions", params={"gap": gap}) as r:
+                    answer = await r.json()
+                assert r.status == 400 and answer["error"].startswith("gap is minutes, above 0"), (gap, answer)
