@@ -427,14 +427,16 @@ async def test_past_max_connections_a_new_one_gets_a_clear_503(sim: Simulator, t
             writer.close()
 
 
-LEAKED = "sk-upstream-real-0123456789abcdefXYZ"
+LEAKED = "real-upstream-key-0123456789abcdefXYZ"  # no key's shape: only the exact-secret net catches it
 
 
 async def test_keys_are_redacted_from_every_stored_text_and_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An upstream answers the injected key as the response's model, as a tool_use name, and spaced
-    out in its error; the client sends llmtap's client key in a path and as a `/_tag/`. No row column
-    (lists and structs too) and no log line holds either key, spaced or not."""
+    """An upstream answers a key llmtap injects (on another route: on its own the relay masks it first)
+    as the response's model and as a tool_use name, another spaced out in its error; the client sends
+    llmtap's client key in a path and as a `/_tag/`. No row column (lists and structs too) and no log
+    line holds either key, spaced or not."""
     monkeypatch.setenv("REAL_KEY", LEAKED)
+    monkeypatch.setenv("OK_KEY", "another-injected-key-0123456789")
     echo = orjson.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": LEAKED,
                          "content": [{"type": "tool_use", "id": "toolu_1", "name": LEAKED, "input": {}}],
                          "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 2}})
@@ -444,7 +446,7 @@ async def test_keys_are_redacted_from_every_stored_text_and_the_log(tmp_path: Pa
     async with ScriptedUpstream(Script(chunks=[echo], headers=[("Content-Type", "application/json")])) as ok, \
             ScriptedUpstream(Script(status=400, chunks=[error], headers=[("Content-Type", "application/json")])) as bad:
         config = proxy_config(None, tmp_path, routes={"/ok": ok.url, "/bad": bad.url},  # type: ignore[arg-type]
-                              route_key_env={"/ok": "REAL_KEY", "/bad": "REAL_KEY"}, quiet=False)
+                              route_key_env={"/ok": "OK_KEY", "/bad": "REAL_KEY"}, quiet=False)
         async with RunningProxy(config, report=lines.append) as p:
             key = p.state.client_key
             assert key
