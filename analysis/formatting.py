@@ -193,10 +193,11 @@ def to_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP, "CSV Injection"):
 # a model name or an upstream's error such as =HYPERLINK(...) would. Such text gets a leading
-# single quote, which shows it as text; a number (-5, +1.5e3) is left as it is.
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# single quote, which shows it as text; a number (-5, +1.5e3) is left as it is. Their full-width
+# forms too (＝ ＋ － ＠), which a spreadsheet that folds full-width input may take for the same.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
-_FORMULA_CLASS = "[=+\\-@\\t\\r]"  # FORMULA_STARTS as a regex class, for Python's re and DuckDB's RE2
+_FORMULA_CLASS = "[=+\\-@\\t\\r\uff1d\uff0b\uff0d\uff20]"  # FORMULA_STARTS as a regex class, for re and DuckDB's RE2
 
 
 def csv_cell(value: Any) -> Any:

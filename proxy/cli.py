@@ -121,6 +121,8 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--idle-timeout", "idle_timeout_s", type=float, help="Seconds of upstream silence before giving up (default 600).")
 @click.option("--max-body-mb", type=float, help="Largest request body in MiB (default 64).")
 @click.option("--body-memory-mb", type=click.FloatRange(min=0, min_open=True), metavar="N", help="Request bodies held in memory at once, all requests together, in MiB (default 256); past it a request gets a 503.")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), metavar="S", help="Seconds a request's head may take, from the connection's start or its last answer's end (default 30); past it the connection is closed.")
+@click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Client connections open at once (default 10000, lowered to fit the open-file limit); past it a new one gets a 503.")
 @click.option("--pool-size", type=int, help="Most upstream connections at once (default 0: no limit).")
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="Extra CAs for TLS to the upstream, added to the system's (also read: REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS).")
 @click.option("--upstream-proxy", metavar="URL", help="Reach the upstreams through this HTTP proxy (http://[user:pass@]host:port), or `none` to go direct; default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY.")
@@ -151,6 +153,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
     from proxy.serve.forever import serve_forever
     from proxy.serve.server import check_bind, run
     from proxy.record.store import StoreError
+    from proxy.settings.client_key import SecretFileError
 
     try:
         keys = dict(_pair(spec, "--route-key-env") for spec in route_key_specs)
@@ -164,7 +167,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
         run(lambda: serve_forever(config, query_setup=_views(), workers=workers, ui=_ui()))
     except cfg.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    except StoreError as exc:
+    except (StoreError, SecretFileError) as exc:  # a client key others can read, say: one line, no traceback
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None

@@ -362,3 +362,104 @@ async def test_a_page_in_a_real_browser_cannot_spend_the_key(tmp_path: Path, mon
     assert up.received == []
     assert {(r["method"], r["status"], r["error_type"]) for r in found} == {
         ("POST", 403, "refused_web_page"), ("OPTIONS", 403, "refused_web_page"), ("GET", 403, "refused_web_page")}
+
+
+BROWSER_RECORDER = """#!/bin/sh
+# a browser as `webbrowser` starts it: its argv stays readable in /proc/PID/cmdline while it runs
+sh -c 'sleep 120; :' llmtap-browser-recorder "$1" </dev/null >/dev/null 2>&1 &
+echo $! > "$RECORDER_PID"
+"""
+
+
+async def test_llmtap_ui_puts_no_login_link_on_the_browsers_command_line(tmp_path: Path) -> None:
+    """`llmtap ui` starts the browser ($BROWSER) as any user would see it: a second Unix user reads every
+    /proc/*/cmdline and finds the browser's argument, but no ticket in it; the file it names is owner-only,
+    and its link trades for a session once."""
+    from analysis.web import WebUi
+
+    from .other_user import _ensure_user, can_read
+
+    user = _ensure_user()
+    recorder = tmp_path / "browser.sh"
+    recorder.write_text(BROWSER_RECORDER)
+    recorder.chmod(0o755)
+    pid_file = tmp_path / "recorder.pid"
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path), ui=WebUi()) as p:
+            env = {**os.environ, "BROWSER": f"{recorder} %s", "RECORDER_PID": str(pid_file),
+                   "LLMTAP_HOME": str(tmp_path / "home"), "LLMTAP_ADMIN_TOKEN": p.admin_token}
+            done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy", "ui", "--url", p.url],
+                                           env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and "opened" in done.stdout, done.stdout + done.stderr
+            pid = int(pid_file.read_text())
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                opened = argv[argv.index(b"llmtap-browser-recorder") + 1].decode()
+                sniffed = await asyncio.to_thread(subprocess.run, ["runuser", "-u", user.pw_name, "--", "sh", "-c",
+                                                  "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"],
+                                                  capture_output=True, text=True, timeout=60)
+            finally:
+                os.kill(pid, 9)
+            assert opened in sniffed.stdout  # the other user sees the browser's argument...
+            assert opened.startswith("file://") and "#login=" not in opened  # ...a path
+            opener = Path(opened.removeprefix("file://"))
+            assert stat.S_IMODE(opener.stat().st_mode) == 0o600 and not can_read(user, opener)
+            link = opener.read_text().split('url=', 1)[1].split('"', 1)[0]
+            assert link.startswith(p.url + "/_llmtap/ui/#login=")
+            ticket = link.rpartition("=")[2]
+            assert ticket not in sniffed.stdout
+            async with aiohttp.ClientSession() as s:
+                for status in (200, 403):  # the owner's browser trades it, once
+                    async with s.post(p.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
+                        assert r.status == status
+
+
+async def test_no_dot_dot_in_an_admin_path_reaches_the_primary(tmp_path: Path) -> None:
+    """`serve --workers 2`: `/_llmtap/ui/../metrics` and its encodings, sent on raw sockets (clients
+    normalise paths) with no credential and with the UI's session, never answer the metrics or SQL,
+    whichever process takes the connection (a worker relayed them to the primary with the admin token)."""
+    from .test_workers import VIA_HEADER, start_serve, stop
+
+    async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
+        proc, state = await start_serve(up.url, tmp_path / "w.duckdb")
+        try:
+            port = int(state.url.rpartition(":")[2])
+            ticket = running.AdminClient(state.url, state.admin_token).call("ui/ticket", {})["ticket"]
+            async with aiohttp.ClientSession() as s:
+                async with s.post(state.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
+                    session = (await r.json())["session"]
+            paths = ["/_llmtap/ui/../metrics", "/_llmtap/api/%2e%2e/metrics", "/_llmtap/ui/..%2fmetrics",
+                     "/_llmtap/ui/.%2e/metrics", "/_llmtap/health/../metrics", "/_llmtap/ui/%2E%2E/health"]
+            via: set[str] = set()
+            for path in paths:
+                for credential in ("", f"X-Llmtap-Ui: {session}\r\n"):
+                    for _ in range(6):  # connections spread over the processes (SO_REUSEPORT)
+                        answer = await raw_exchange(port, f"GET {path} HTTP/1.1\r\nHost: {state.url[7:]}\r\n{credential}"
+                                                          "Connection: close\r\n\r\n".encode())
+                        head, _, body = answer.partition(b"\r\n\r\n")
+                        assert not head.startswith(b"HTTP/1.1 200"), (path, answer[:300])
+                        assert b"llmtap_requests" not in body and b'"ok"' not in body, (path, answer[:300])
+            for _ in range(20):  # and the same connections do reach a worker, which relays what it allows
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                    async with s.get(state.url + "/_llmtap/health", headers={"X-Llmtap-Ui": session}) as r:
+                        assert r.status == 200
+                        via.add("worker" if VIA_HEADER in r.headers else "primary")
+        finally:
+            stop(proc)
+    assert via == {"worker", "primary"}
+
+
+def test_a_planted_world_readable_client_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Someone leaves a world-readable `client-key` in the data directory: serve refuses to spend the
+    injected key with it, in one line that says the fix (it was a traceback)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    planted = home / "client-key"
+    planted.write_text("sk-llmtap-planted-by-someone-else-0123456789\n")
+    planted.chmod(0o644)
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", "0", "--db", str(tmp_path / "x.duckdb"),
+                           "--upstream", "http://127.0.0.1:9", "--upstream-key-env", "REAL_KEY"],
+                          env={**os.environ, "LLMTAP_HOME": str(home), "REAL_KEY": REAL},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == f"Error: {planted} is readable by other users: chmod 600 {planted}\n"

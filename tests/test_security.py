@@ -19,6 +19,8 @@ from .serving import RunningProxy
 from .conftest import proxy_config, rows
 from .faultkit import JSON, RawConn, RawUpstream, Serve, body_of, http_head, raw_exchange, status_of
 from .upstreams import Script, ScriptedUpstream
+from .waiting import wait_until
+from proxy.simulator.app import Simulator
 
 
 def own_address() -> str | None:
@@ -324,3 +326,245 @@ async def test_no_encoding_of_a_dot_dot_segment_reaches_the_upstream(tmp_path: P
     assert sorted(r["path"] for r in found) == sorted(CLIMBS)
     assert {(r["status"], r["error_type"]) for r in found} == {(400, "bad_path")}
     assert len(up.requests) == 3  # only the ordinary paths
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_websocket_message_past_the_body_cap_closes_with_1009_and_a_row(sim: Simulator, tmp_path: Path) -> None:
+    """A Responses WebSocket through `llmtap serve --max-body-mb 2` to the simulator: a normal turn
+    relays, a 64 MiB message is refused from its frame's header (1009, a row saying so), and the
+    proxy's peak RSS does not grow by the message (it grew by several times it: no cap at all)."""
+    huge = 64 * 1024 * 1024
+    async with Serve(sim.url, tmp_path / "ws.duckdb", "--max-body-mb", "2") as serve:
+        url = serve.base + "/v1/responses"
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(url) as ws:  # a normal turn first: relayed, its row written
+                await ws.send_json({"type": "response.create", "model": "gpt-x", "input": "hi"})
+                while (await ws.receive_json(timeout=10))["type"] != "response.completed":
+                    pass
+            before = _peak_rss_mib(serve.proc.pid)
+            async with s.ws_connect(url, max_msg_size=0) as ws:
+                message = b'{"type": "response.create", "model": "gpt-x", "input": "' + b"x" * huge + b'"}'
+                sending = asyncio.create_task(ws.send_frame(message, aiohttp.WSMsgType.TEXT))
+                del message
+                closing = await ws.receive(timeout=10)  # while the frame still goes out
+                await asyncio.gather(sending, return_exceptions=True)  # the proxy closed under it
+                assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1009), closing
+        grown = _peak_rss_mib(serve.proc.pid) - before
+
+        def both_rows() -> list[tuple] | None:
+            found = serve.admin.sql("SELECT outcome, error_type, error_message FROM requests ORDER BY started_at")[0][2]
+            return found if len(found) >= 2 else None
+
+        found = await wait_until(both_rows, what="the refused message's row")
+    assert found[0][:2] == ("ok", None)
+    assert found[-1][:2] == ("http_error", "request_too_large") and "1009" in found[-1][2], found
+    assert grown < huge / 2**20 / 2, f"peak RSS grew by {grown:.0f} MiB for a refused 64 MiB message"
+
+
+async def _slow_head(port: int, every_s: float, deadline_s: float) -> bool:
+    """A client that sends a request's head one header line at a time, `every_s` apart, for ever:
+    True once the proxy closed the connection (within `deadline_s`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        async with asyncio.timeout(deadline_s):
+            while True:
+                try:
+                    writer.write(b"X-Slow: 1\r\n")
+                    await writer.drain()
+                    if await asyncio.wait_for(reader.read(65536), every_s) == b"":
+                        return True
+                except TimeoutError:
+                    continue
+                except ConnectionError:
+                    return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+async def test_a_head_that_never_completes_is_closed_and_streams_are_not(sim: Simulator, tmp_path: Path) -> None:
+    """`--header-timeout 1`: a client sending one header line every 0.2 s, and one sending nothing, are
+    closed; a stream that lasts longer than the timeout is relayed whole."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path, header_timeout_s=1.0)) as p:
+        assert await _slow_head(p.port, 0.2, 15)  # open for ever, before
+        reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+        async with asyncio.timeout(15):
+            assert await reader.read(65536) == b""  # nothing sent: closed too
+        writer.close()
+        body = {"model": "gpt-x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/v1/chat/completions", json=body,
+                              headers={"x-sim-tokens": "25", "x-sim-itl-ms": "100"}) as r:  # 2.5 s of stream
+                text = await r.text()
+        assert r.status == 200 and text.count("data: ") >= 25 and "[DONE]" in text
+
+
+async def test_past_max_connections_a_new_one_gets_a_clear_503(sim: Simulator, tmp_path: Path) -> None:
+    async with RunningProxy(proxy_config(sim.url, tmp_path, max_connections=4)) as p:
+        held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(4)]
+        await wait_until(lambda: len(p.runner.server.connections) == 4, what="the four connections accepted")
+        answer = await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer, answer
+        assert orjson.loads(body_of(answer))["error"]["type"] == "too_many_connections"
+        held.pop()[1].close()
+
+        async def answered() -> bytes:
+            return await raw_exchange(p.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+
+        async with asyncio.timeout(15):  # once one closed, a new one is served
+            while (again := await answered()).startswith(b"HTTP/1.1 503 "):
+                await asyncio.sleep(0.05)
+        assert not again.startswith(b"HTTP/1.1 503 "), again
+        for _, writer in held:
+            writer.close()
+
+
+LEAKED = "real-upstream-key-0123456789abcdefXYZ"  # no key's shape: only the exact-secret net catches it
+
+
+async def test_keys_are_redacted_from_every_stored_text_and_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream answers a key llmtap injects (on another route: on its own the relay masks it first)
+    as the response's model and as a tool_use name, another spaced out in its error; the client sends
+    llmtap's client key in a path and as a `/_tag/`. No row column (lists and structs too) and no log
+    line holds either key, spaced or not."""
+    monkeypatch.setenv("REAL_KEY", LEAKED)
+    monkeypatch.setenv("OK_KEY", "another-injected-key-0123456789")
+    echo = orjson.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": LEAKED,
+                         "content": [{"type": "tool_use", "id": "toolu_1", "name": LEAKED, "input": {}}],
+                         "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 2}})
+    spaced = " ".join(LEAKED)
+    error = orjson.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": f"bad key {spaced}"}})
+    lines: list[str] = []
+    async with ScriptedUpstream(Script(chunks=[echo], headers=[("Content-Type", "application/json")])) as ok, \
+            ScriptedUpstream(Script(status=400, chunks=[error], headers=[("Content-Type", "application/json")])) as bad:
+        config = proxy_config(None, tmp_path, routes={"/ok": ok.url, "/bad": bad.url},  # type: ignore[arg-type]
+                              route_key_env={"/ok": "OK_KEY", "/bad": "REAL_KEY"}, quiet=False)
+        async with RunningProxy(config, report=lines.append) as p:
+            key = p.state.client_key
+            assert key
+            body = {"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession(headers={"x-api-key": key}) as s:
+                for path in ("/ok/v1/messages", "/bad/v1/messages", f"/_tag/{key}/ok/v1/messages",
+                             f"/ok/v1/{key}/messages", f"/_tag/{' '.join(key)}/ok/v1/messages"):
+                    async with s.post(p.url + path, json=body) as r:
+                        await r.read()
+            found = rows(p, "SELECT * FROM requests")
+    assert len(found) == 5, lines
+    stored = orjson.dumps(found, default=str).decode() + "\n".join(lines)
+    assert any(r["response_model"] == "[REDACTED]" for r in found)
+    assert any(r["tool_calls"] and r["tool_calls"][0]["name"] == "[REDACTED]" for r in found)
+    for secret in (LEAKED, key):
+        assert secret not in stored and " ".join(secret) not in stored
+        assert secret not in "".join(stored.split()).replace("%20", "")
+
+
+async def test_an_upstreams_echo_of_the_injected_key_never_reaches_the_client(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a route that injects the key, an upstream that echoes it (in a header, a whole body, a stream
+    that splits it across two chunks, a WebSocket frame) gets it to the client masked, the body's length
+    unchanged, and the stream's bytes before the split not held back."""
+    from aiohttp import web
+
+    monkeypatch.setenv("REAL_KEY", LEAKED)
+    half = len(LEAKED) // 2
+    first_event = b'data: {"delta": "one"}\n\n'
+    go_on = asyncio.Event()
+    seen: dict[str, str] = {}
+
+    async def whole(request: web.Request) -> web.Response:
+        seen["accept-encoding"] = request.headers.get("Accept-Encoding", "")
+        body = orjson.dumps({"error": {"message": f"key {LEAKED} is not allowed"}})
+        return web.Response(status=401, body=body, headers={"X-Echo": LEAKED, "Content-Type": "application/json"})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first_event + b'data: {"delta": "' + LEAKED[:half].encode())
+        await go_on.wait()  # the client has the first event before the key's second half is even sent
+        await response.write(LEAKED[half:].encode() + b'"}\n\ndata: [DONE]\n\n')
+        return response
+
+    async def frames(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            await ws.send_str(orjson.dumps({"type": "error", "message": LEAKED}).decode())
+        return ws
+
+    app = web.Application()
+    app.router.add_post("/v1/whole", whole)
+    app.router.add_post("/v1/stream", stream)
+    app.router.add_get("/v1/responses", frames)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    upstream = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        config = proxy_config(None, tmp_path, routes={"/p": upstream}, route_key_env={"/p": "REAL_KEY"})  # type: ignore[arg-type]
+        async with RunningProxy(config) as p:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {p.state.client_key}"}) as s:
+                async with s.post(p.url + "/p/v1/whole", json={}) as r:
+                    body = await r.read()
+                    assert r.status == 401 and LEAKED not in str(r.headers) and r.headers["X-Echo"] == "*" * len(LEAKED)
+                    assert LEAKED.encode() not in body and int(r.headers["Content-Length"]) == len(body)
+                    assert b"*" * len(LEAKED) in body
+                assert seen["accept-encoding"] == "identity"
+                async with s.post(p.url + "/p/v1/stream", json={}) as r:
+                    got = await r.content.readuntil(b"\n\n")
+                    assert got == first_event  # not held: only what could begin the key waits
+                    go_on.set()
+                    rest = got + await r.read()
+                assert LEAKED.encode() not in rest and LEAKED[:half].encode() not in rest
+                assert b'"' + b"*" * len(LEAKED) + b'"' in rest and rest.endswith(b"data: [DONE]\n\n")
+                async with s.ws_connect(p.url + "/p/v1/responses") as ws:
+                    await ws.send_str('{"type": "response.create", "model": "m"}')
+                    frame = await ws.receive_str(timeout=10)
+                assert LEAKED not in frame and "*" * len(LEAKED) in frame
+    finally:
+        await runner.cleanup()
+
+
+async def test_full_width_formula_starters_are_quoted_in_every_csv(tmp_path: Path) -> None:
+    """A model `＝HYPERLINK(…)` and an upstream error `＠SUM(…)` (full-width = and @) through a real
+    proxy, then `sql --format csv` and `export --format csv`: each such cell starts with `'`."""
+    import csv
+    import io
+
+    from .test_output_files import cells, cli
+
+    model, error = '＝HYPERLINK("http://evil.example/","x")', "＠SUM(1+1)"
+    body = orjson.dumps({"error": {"type": "invalid_request_error", "message": error}})
+    async with ScriptedUpstream(Script(status=400, headers=[("Content-Type", "application/json")], chunks=[body])) as up:
+        async with RunningProxy(proxy_config(up.url, tmp_path)) as p:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(p.url + "/v1/chat/completions", json={"model": model, "messages": []}) as r:
+                    await r.read()
+    db = str(tmp_path / "llmtap.duckdb")
+    sql = cli("sql", "--db", db, "--format", "csv", "SELECT request_model, error_message FROM requests")
+    assert cells(sql)[-2:] == ["'" + model, "'" + error]
+    cli("export", "--db", db, "--out", str(tmp_path / "out"), "--format", "csv")
+    [exported] = (tmp_path / "out" / "requests").glob("*/*.csv")
+    [row] = list(csv.DictReader(io.StringIO(exported.read_text())))
+    assert (row["request_model"], row["error_message"]) == ("'" + model, "'" + error)
+
+
+async def test_a_gap_that_is_not_a_number_of_minutes_is_a_clear_400(sim: Simulator, tmp_path: Path) -> None:
+    from analysis.web import WebUi
+    from proxy.common.instances import TOKEN_HEADER
+
+    async with RunningProxy(proxy_config(sim.url, tmp_path), ui=WebUi()) as p:
+        async with aiohttp.ClientSession(headers={TOKEN_HEADER: p.admin_token}) as s:
+            async with s.get(p.url + "/_llmtap/api/sessions", params={"gap": "10"}) as r:
+                assert r.status == 200, await r.text()
+            for gap in ("nan", "inf", "-inf", "-5", "0", "1e400", "ten"):
+                async with s.get(p.url + "/_llmtap/api/sessions", params={"gap": gap}) as r:
+                    answer = await r.json()
+                assert r.status == 400 and answer["error"].startswith("gap is minutes, above 0"), (gap, answer)

@@ -1,8 +1,9 @@
 """The web UI (#30) in a real headless Chromium, on a real proxy with real traffic.
 
 One simulated upstream, one proxy (with the web UI, as `llmtap serve` builds it), one browser for the
-module. The doors: the one-time login leaves a cookie and no token in the URL; another origin can
-neither read the API nor act through it; a rebinding Host is refused. The pages: no console error,
+module. The doors: the one-time login leaves a session in the origin's sessionStorage (no cookie) and no
+ticket in the URL; another origin can neither read the API nor act through it, and what the browser sends
+to another port opens nothing; a rebinding Host is refused. The pages: no console error,
 hostile text shown as text, 800 px usable, every control reachable by keyboard; and their numbers
 are the CLI's `--format json` for the same requests.
 """
@@ -60,8 +61,8 @@ async def chat(s: aiohttp.ClientSession, url: str, model: str = "gpt-4o-mini", h
 
 
 class World:
-    def __init__(self, proxy: RunningProxy, browser: Chromium, attacker: str) -> None:
-        self.proxy, self.browser, self.attacker = proxy, browser, attacker
+    def __init__(self, proxy: RunningProxy, browser: Chromium, attacker: str, caught: list[web.Request]) -> None:
+        self.proxy, self.browser, self.attacker, self.caught = proxy, browser, attacker, caught
         self.ui = proxy.url + "/_llmtap/ui/"
 
     def rows(self, sql: str) -> list[dict[str, Any]]:
@@ -74,7 +75,10 @@ class World:
             async with s.post(self.proxy.url + "/_llmtap/ui/ticket", headers={TOKEN_HEADER: self.proxy.admin_token}) as r:
                 assert r.status == 200
                 answer = await r.json()
-        return f"{self.proxy.url}{answer['path']}?ticket={answer['ticket']}"
+        return f"{self.proxy.url}{answer['path']}{answer['ticket']}"
+
+    async def session(self) -> str:
+        return await self.browser.evaluate("sessionStorage.getItem('llmtap_ui')")
 
     async def page(self, route: str, ready: str) -> None:
         """Show `route` (#/...) and wait until `ready` (a JS expression) holds (logged in first)."""
@@ -101,9 +105,16 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     site = web.TCPSite(bad_runner, "127.0.0.1", 0)
     await site.start()
     bad_url = f"http://127.0.0.1:{bad_runner.addresses[0][1]}"
+    caught: list[web.Request] = []  # what the browser sent to /_llmtap/ of the other server's port
+
+    async def catch(request: web.Request) -> web.Response:
+        caught.append(request)
+        return web.Response(text="caught")
+
     attacker = web.Application()
     attacker.router.add_get("/", lambda r: web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>",
                                                         content_type="text/html"))
+    attacker.router.add_route("*", "/_llmtap/{tail:.*}", catch)
     attacker_runner = web.AppRunner(attacker, access_log=None)
     await attacker_runner.setup()
     await web.TCPSite(attacker_runner, "127.0.0.1", 0).start()
@@ -122,7 +133,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             assert proxy.flush(10)
             flags = (f"--host-resolver-rules=MAP {REBIND} 127.0.0.1",)
             async with Chromium(CHROMIUM, width=1400, height=1000, flags=flags) as browser:
-                yield World(proxy, browser, attacker_url)
+                yield World(proxy, browser, attacker_url, caught)
     await bad_runner.cleanup()
     await attacker_runner.cleanup()
 
@@ -142,37 +153,56 @@ async def cli(world: World, *args: str) -> Any:
 # -- the doors -----------------------------------------------------------------------------------------
 
 
-async def test_login_trades_the_ticket_for_a_cookie_and_the_url_forgets_it(world: World) -> None:
+async def test_login_trades_the_ticket_for_a_session_only_this_origin_holds(world: World) -> None:
     b = world.browser
     await b.open(world.ui)
-    assert "forbidden" in await b.evaluate("document.body.textContent")  # no cookie yet: nothing
+    await b.wait_for("document.body.textContent.includes('Not logged in')")  # no session yet: nothing
+    async with aiohttp.ClientSession() as s:
+        async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
+            assert r.status == 403
     login = await world.ticket()
+    await b.open("about:blank")
     await b.open(login)
     await b.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('nav a[aria-current]')")
+    ticket = login.rpartition("=")[2]
     href = await b.evaluate("location.href")
-    assert "ticket" not in href and login.rpartition("=")[2] not in href
-    assert await b.evaluate("document.cookie") == ""  # HttpOnly: the page's script cannot read it
-    assert await b.evaluate("localStorage.length + sessionStorage.length") == 0
+    assert "login" not in href and ticket not in href
+    assert await b.evaluate("document.cookie") == ""
+    assert (await b.send("Network.getAllCookies"))["cookies"] == []  # no cookie at all: every port would get it
+    assert await b.evaluate("localStorage.length") == 0 and await b.evaluate("sessionStorage.length") == 1
+    session = await world.session()
     html = await b.evaluate("document.documentElement.outerHTML")
-    assert login.rpartition("=")[2] not in html and world.proxy.admin_token not in html
+    assert ticket not in html and session not in html and world.proxy.admin_token not in html
     async with aiohttp.ClientSession() as s:  # the ticket is good once
-        async with s.get(login, allow_redirects=False) as r:
+        async with s.post(world.proxy.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
             assert r.status == 403
-    [cookie] = [c for c in (await b.send("Network.getCookies", urls=[world.ui]))["cookies"] if c["name"] == "llmtap_ui"]
-    async with aiohttp.ClientSession(cookies={"llmtap_ui": cookie["value"]}, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
-        async with s.get(world.ui) as r:
+        async with s.get(world.ui) as r:  # the page's files are code, no data: open without a session
             assert r.status == 200
             csp = r.headers["Content-Security-Policy"]
             assert "default-src 'self'" in csp and "unsafe-inline" not in csp
             assert "<script>" not in await r.text()  # no inline script: every one is a file of its own
+        async with s.get(world.proxy.url + "/_llmtap/api/requests", headers={"X-Llmtap-Ui": session}) as r:
+            assert r.status == 200
 
 
-async def test_the_cookie_opens_reads_only(world: World) -> None:
-    cookie = (await world.browser.send("Network.getCookies", urls=[world.ui]))["cookies"]
-    [ours] = [c for c in cookie if c["name"] == "llmtap_ui"]
-    assert ours["httpOnly"] and ours["sameSite"] == "Strict" and ours["path"] == "/_llmtap/"
-    jar = {"llmtap_ui": ours["value"]}
-    async with aiohttp.ClientSession(cookies=jar, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+async def test_the_opener_file_of_llmtap_ui_logs_the_browser_in(world: World, tmp_path: Any, monkeypatch: Any) -> None:
+    """What `llmtap ui` gives the browser (a file:// path, not the link: tests/test_doors.py) leads a real
+    Chromium to the UI, logged in, with the ticket gone from the address bar."""
+    from analysis.web.cli import opener_file
+
+    monkeypatch.setenv("LLMTAP_HOME", str(tmp_path))
+    b = world.browser
+    await b.open("about:blank")
+    link = await world.ticket()
+    await b.open(opener_file(link).as_uri())
+    await b.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('#inflight')")
+    assert await b.evaluate("location.hash") == "#/live" and await world.session()
+
+
+async def test_the_session_opens_reads_only(world: World) -> None:
+    await login(world)
+    ours = {"X-Llmtap-Ui": await world.session()}
+    async with aiohttp.ClientSession(headers=ours) as s:
         async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
             assert r.status == 200, await r.text()
         async with s.post(world.proxy.url + "/_llmtap/sql", json={"sql": "SELECT 1"}) as r:
@@ -183,15 +213,37 @@ async def test_the_cookie_opens_reads_only(world: World) -> None:
             assert r.status == 403
         async with s.get(world.proxy.url + "/_llmtap/api/requests", headers={"Origin": "http://evil.test"}) as r:
             assert r.status == 403
-    forged = {"llmtap_ui": ours["value"][:-4] + "0000"}
-    async with aiohttp.ClientSession(cookies=forged, cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+    forged = {"X-Llmtap-Ui": ours["X-Llmtap-Ui"][:-4] + "0000"}
+    async with aiohttp.ClientSession(headers=forged) as s:
         async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
             assert r.status == 403
 
 
+async def test_what_the_browser_sends_to_another_port_opens_nothing(world: World) -> None:
+    """Logged in, the person opens a page of another server on 127.0.0.1 (another port: the same site).
+    Its page asks its own port for `/_llmtap/...` every way a page can; everything the browser sent
+    there, replayed with aiohttp (as curl would: no Sec-Fetch-*, no Origin), opens nothing of llmtap's."""
+    b = world.browser
+    await login(world)
+    world.caught.clear()
+    await b.open(world.attacker)
+    await b.evaluate("""Promise.all(['/_llmtap/api/requests', '/_llmtap/live', '/_llmtap/health', '/_llmtap/ui/']
+        .map(p => fetch(p, {credentials: 'include'}).then(r => r.text())))""")
+    await b.evaluate("new Promise(r => { const i = new Image(); i.onload = i.onerror = r; i.src = '/_llmtap/api/facets'; })")
+    await b.evaluate("new Promise(r => { const e = new EventSource('/_llmtap/live'); e.onerror = () => { e.close(); r(1); }; })")
+    assert len(world.caught) >= 6
+    dropped = {"host", "origin", "referer", "content-length"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
+        for sent in world.caught:
+            headers = {k: v for k, v in sent.headers.items() if k.lower() not in dropped and not k.lower().startswith("sec-fetch")}
+            for name in ("api/requests", "api/facets", "live", "health"):
+                async with s.get(f"{world.proxy.url}/_llmtap/{name}", headers=headers) as r:
+                    assert r.status == 403, (name, headers)
+
+
 async def test_another_origin_can_neither_read_nor_act(world: World) -> None:
-    """A page on another origin of the same site (127.0.0.1, another port: the SameSite=Strict cookie
-    is sent), and one on a rebinding name (rebind.test -> 127.0.0.1)."""
+    """A page on another origin of the same site (127.0.0.1, another port), and one on a rebinding name
+    (rebind.test -> 127.0.0.1)."""
     b = world.browser
     await b.open(world.attacker)
     api = world.proxy.url + "/_llmtap/api/requests"
@@ -203,7 +255,7 @@ async def test_another_origin_can_neither_read_nor_act(world: World) -> None:
     assert opaque == "opaque 0"
     before = len(world.rows("SELECT id FROM requests WHERE error_type = 'admin_forbidden'"))
     acts = [(world.proxy.url + "/_llmtap/sql", '{"sql": "SELECT 1"}'), (world.proxy.url + "/_llmtap/ui/ticket", "")]
-    for url, body in acts:  # simple requests (text/plain): no preflight, sent with the cookie
+    for url, body in acts:  # simple requests (text/plain): no preflight
         await b.evaluate(f"""fetch({orjson.dumps(url).decode()}, {{method: 'POST', credentials: 'include', mode: 'no-cors',
             headers: {{'Content-Type': 'text/plain'}}, body: {orjson.dumps(body).decode()}}}).then(() => 1, () => 0)""")
     def new_refusals() -> list[dict[str, Any]] | None:
@@ -213,14 +265,15 @@ async def test_another_origin_can_neither_read_nor_act(world: World) -> None:
     refused = await wait_until(new_refusals, what="the two refused admin requests' rows")
     assert sorted(r["path"] for r in refused) == ["/_llmtap/sql", "/_llmtap/ui/ticket"]
     assert {r["status"] for r in refused} == {403}
+    await login(world)
+    session = await world.session()
     rebound = world.ui.replace("127.0.0.1", REBIND)
-    await b.open(rebound)  # the rebinding page's own name in Host: refused, and the cookie is not its
+    await b.open(rebound)  # the rebinding page's own name in Host: refused
     assert "forbidden" in await b.evaluate("document.body.textContent")
     rebound_api = api.replace("127.0.0.1", REBIND)
     async with aiohttp.ClientSession() as s:
-        cookie = [c for c in (await b.send("Network.getCookies", urls=[world.ui]))["cookies"] if c["name"] == "llmtap_ui"]
-        async with s.get(api, headers={"Host": f"{REBIND}:{world.proxy.port}", "Cookie": f"llmtap_ui={cookie[0]['value']}"}) as r:
-            assert r.status == 403  # even with the cookie, a foreign Host
+        async with s.get(api, headers={"Host": f"{REBIND}:{world.proxy.port}", "X-Llmtap-Ui": session}) as r:
+            assert r.status == 403  # even with the session, a foreign Host
     read = await b.evaluate(f"fetch({orjson.dumps(rebound_api).decode()}).then(r => r.status)")
     assert read == 403
 
@@ -229,6 +282,7 @@ async def test_another_origin_can_neither_read_nor_act(world: World) -> None:
 
 
 async def login(world: World) -> None:
+    await world.browser.open("about:blank")  # a new document: the same one would take the link as a hash change
     await world.browser.open(await world.ticket())
     await world.browser.wait_for("location.pathname === '/_llmtap/ui/' && !!document.querySelector('#inflight')")
 
@@ -407,17 +461,19 @@ async def test_the_keyboard_reaches_every_control(world: World) -> None:
     await b.wait_for("location.hash.includes('sort=ttft_ms')")
 
 
-async def test_a_cookie_is_good_for_its_token_and_its_hours_only() -> None:
+async def test_a_session_is_good_for_its_token_and_its_hours_only() -> None:
     from proxy.relay import ui_doors
 
     issued = 1_800_000_000.0
-    cookie = ui_doors.make_cookie("token-a", now=issued)
-    assert ui_doors.cookie_valid(cookie, "token-a", now=issued + 60)
-    assert not ui_doors.cookie_valid(cookie, "token-b", now=issued + 60)  # a restart's new token ends it
-    assert not ui_doors.cookie_valid(cookie, "token-a", now=issued + ui_doors.COOKIE_S + 1)
-    version, when, nonce, mac = cookie.split(".")
-    assert not ui_doors.cookie_valid(f"{version}.{int(when) + 3600}.{nonce}.{mac}", "token-a", now=issued + 60)
-    assert not ui_doors.cookie_valid("", "token-a") and not ui_doors.cookie_valid(cookie, "")
+    session = ui_doors.make_session("token-a", now=issued)
+    assert ui_doors.session_valid(session, "token-a", now=issued + 60)
+    assert not ui_doors.session_valid(session, "token-b", now=issued + 60)  # a restart's new token ends it
+    assert not ui_doors.session_valid(session, "token-a", now=issued + ui_doors.SESSION_S + 1)
+    version, when, nonce, mac = session.split(".")
+    assert not ui_doors.session_valid(f"{version}.{int(when) + 3600}.{nonce}.{mac}", "token-a", now=issued + 60)
+    assert not ui_doors.session_valid("", "token-a") and not ui_doors.session_valid(session, "")
+    old = f"v1.{int(issued)}.{nonce}"  # the cookie of before, signed by the same token: not a session
+    assert not ui_doors.session_valid(f"{old}.{ui_doors._sign('token-a', old)}", "token-a", now=issued + 60)
     tickets = ui_doors.Tickets()
     ticket = tickets.issue()
     assert tickets.redeem(ticket) and not tickets.redeem(ticket) and not tickets.redeem("")

@@ -429,7 +429,7 @@ async def test_a_spill_file_someone_else_could_have_written_is_left_alone(sim: S
 
 
 async def test_the_web_ui_logs_in_and_answers_through_either_process(sim: Simulator, tmp_path: Path) -> None:
-    """`llmtap ui --no-browser`'s link, opened on some process, leaves a cookie every process takes;
+    """`llmtap ui --no-browser`'s link, traded on some process, gives a session every process takes;
     the primary answers the pages and the API (docs/ui.md)."""
     from click.testing import CliRunner
 
@@ -441,13 +441,13 @@ async def test_the_web_ui_logs_in_and_answers_through_either_process(sim: Simula
         result = await asyncio.to_thread(CliRunner().invoke, main, ["ui", "--no-browser"])
         assert result.exit_code == 0, result.output
         link = result.output.strip().rpartition(" ")[2]
-        assert link.startswith(state.url + "/_llmtap/ui/login?ticket=")
-        jar = aiohttp.CookieJar(unsafe=True)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), cookie_jar=jar) as s:
-            async with s.get(link, allow_redirects=False) as r:
-                assert r.status == 303 and r.headers["Location"] == "/_llmtap/ui/"
-                assert "HttpOnly" in r.headers["Set-Cookie"] and "SameSite=Strict" in r.headers["Set-Cookie"]
-            async with s.get(link, allow_redirects=False) as r:
+        assert link.startswith(state.url + "/_llmtap/ui/#login=")
+        ticket = link.rpartition("=")[2]
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            async with s.post(state.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
+                assert r.status == 200 and "Set-Cookie" not in r.headers
+                s.headers["X-Llmtap-Ui"] = (await r.json())["session"]
+            async with s.post(state.url + "/_llmtap/ui/login", json={"ticket": ticket}) as r:
                 assert r.status == 403  # once only, whichever process took it
             for _ in range(16):
                 async with s.get(state.url + "/_llmtap/api/requests?since=1h") as r:

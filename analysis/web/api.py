@@ -18,6 +18,7 @@ Every figure comes from the function the CLI prints it from, so the page shows w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -45,6 +46,7 @@ SORTABLE = frozenset(LIST_COLUMNS) - {"error_message"}
 FACETS = ("request_model", "tool", "tag", "session_id")
 FACET_VALUES = 50
 MAX_SESSIONS = 200  # the newest sessions listed
+MAX_GAP_MIN = 7 * 24 * 60  # a week
 RATELIMIT_PREFIX = "ratelimit_"
 
 
@@ -214,10 +216,15 @@ def _gap_s(params: Params) -> float:
     from analysis.timeline import GAP_S
 
     gap_min = one(params, "gap")
+    if not gap_min:
+        return GAP_S
     try:
-        return float(gap_min) * 60 if gap_min else GAP_S
+        minutes = float(gap_min)
     except ValueError:
-        raise BadRequest(f"gap is minutes, not {gap_min!r}") from None
+        minutes = math.nan
+    if not 0 < minutes <= MAX_GAP_MIN:  # nan, inf, 0, negative: not a gap (DuckDB's own error said so, raw)
+        raise BadRequest(f"gap is minutes, above 0 and at most {MAX_GAP_MIN:g}, not {gap_min!r}")
+    return minutes * 60
 
 
 def sessions(query: Query, params: Params, rest: str) -> Answer:

@@ -5,8 +5,10 @@ Two nets: the exact credentials of the request at hand (its `Authorization`,
 an injected upstream key), wherever they appear, and patterns that look like
 secrets whoever sent them: API keys (`sk-…`, `sk-ant-…`, `AIza…`, …), Bearer
 tokens, `key=`-style URL parameters and JSON fields named like `api_key`,
-`password`, `token` or `secret`. Used on error messages, parse errors and, with
-`--capture-bodies`, on captured bodies.
+`password`, `token` or `secret`. A given credential is found with whitespace between its
+characters too. Used on every text of a request's row (`redact_row`: lists and structs too, so a
+key an upstream returns as the model or a tool's name, or a client sends in a path or a tag, is never
+stored or logged), on messages, and, with `--capture-bodies`, on captured bodies.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
+
+from proxy.common.schema import REQUEST_COLUMNS
 
 REDACTED = "[REDACTED]"
 MIN_SECRET = 8  # shorter credential values are not searched for (they would match ordinary text)
@@ -49,6 +54,9 @@ _PATTERNS = [
     (re.compile(r'(?i)(\\"' + _NAME + r'\\"\s*:\s*\\")[^"\\]+'), rf"\1{REDACTED}", _NAME_WORDS),
 ]
 
+_SPACE = re.compile(r"\s")
+_ANY_WORD = tuple({w for _, _, words in _PATTERNS for w in words})  # the words any pattern needs
+
 
 def request_secrets(headers: Mapping[str, str], query: Mapping[str, str] | None = None,
                     extra: Iterable[str | None] = ()) -> list[str]:
@@ -66,17 +74,51 @@ def request_secrets(headers: Mapping[str, str], query: Mapping[str, str] | None 
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
-    """`text` without the given secrets and without anything that looks like one."""
+    """`text` without the given secrets (whitespace between their characters or not) and without
+    anything that looks like one."""
     if not text:
         return text
+    compact = "".join(text.split()) if _SPACE.search(text) else None  # s k - … : spaces between its characters
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, REDACTED)
+        if compact is not None and secret in compact:
+            text = re.sub(r"\s*".join(map(re.escape, secret)), REDACTED, text)
     low = text.lower()
+    if not any(w in low for w in _ANY_WORD):  # the common case: no pattern runs
+        return text
     for pattern, replacement, words in _PATTERNS:
         if any(w in low for w in words):
             text = pattern.sub(replacement, text)
     return text
+
+
+# The row's columns that hold text (VARCHAR, and lists of structs of them), but those llmtap itself
+# writes from no outside text.
+_OWN = frozenset({"id", "method", "dialect", "outcome", "kind", "tokens_source", "credential_kind", "key_fingerprint"})
+TEXT_COLUMNS = tuple(name for name, kind in REQUEST_COLUMNS if "VARCHAR" in kind and name not in _OWN)
+
+
+def redact_row(row: dict[str, Any], secrets: Iterable[str]) -> None:
+    """Every text of a request's row redacted in place, those in its list and struct columns too. The
+    texts are looked at together first: most rows hold nothing to redact, and cost one pass."""
+    found = list(secrets)
+    names = [name for name in TEXT_COLUMNS if row.get(name) is not None]
+    together = "\n".join(v if isinstance(v, str) else repr(v) for v in (row[name] for name in names))
+    if redact(together, found) == together:
+        return
+    for name in names:
+        row[name] = _redacted(row[name], found)
+
+
+def _redacted(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [_redacted(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v, secrets) for k, v in value.items()}
+    return value
 
 
 class _ScrubLibraryLogs(logging.Filter):

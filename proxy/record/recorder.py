@@ -23,6 +23,7 @@ from multidict import CIMultiDictProxy
 from proxy.meter.capture import make_meter
 from proxy.settings.config import ServeConfig
 from proxy.meter.meter import Meter
+from proxy.meter.redact import redact_row
 from proxy.common import latency
 from proxy.common.chunk_rows import ChunkRows
 from proxy.common.schema import Outcome
@@ -89,6 +90,7 @@ class Recorder:
         self._ended_bytes = 0  # JSON the batch's rows will parse
         self._ended_events = 0
         self._timer: asyncio.TimerHandle | None = None
+        self.secrets: tuple[str, ...] = ()  # llmtap's client key, the keys routes inject: redacted in every row
 
     def observe(self, observer: Observer) -> None:
         if observer not in self.observers:
@@ -145,6 +147,7 @@ class Recorder:
     def _record(self, meter: Meter, outcome: Outcome | None, error: Error | None, end_ns: int) -> None:
         try:
             row, chunks = meter.finish(outcome, end_ns, error)
+            redact_row(row, [*meter.secrets(), *self.secrets])  # every text, before any observer sees it
         except Exception as exc:  # a bug in measuring loses a metric, never a request
             self.report(f"llmtap: could not measure a request: {type(exc).__name__}: {exc}")
             return

@@ -3,7 +3,7 @@
 DuckDB lets one process write a file, so while `llmtap serve` runs, the CLI
 asks the proxy to run its read-only query. It answers loopback peers only
 (unless --allow-remote), and always asks for the admin token (`allowed`), or, for the web UI's
-reads, the cookie its login gave (proxy/relay/ui_doors.py).
+reads, the session its login gave (proxy/relay/ui_doors.py).
 
 The web UI (`/_llmtap/ui/*`: its files; `/_llmtap/api/*`: its JSON) is what the composition root
 gave (`state.ui`, analysis/web/): proxy/ never imports analysis/. An API answer is computed in
@@ -60,7 +60,8 @@ def _local_name(host: str | None) -> bool:
 
 def allowed(request: web.Request, state: AppState, name: str | None = None) -> bool:
     """Loopback peers only, unless `--allow-remote`; and always the admin token, but for the web UI's
-    reads of `name` with its cookie and the exchange of a login ticket (proxy/relay/ui_doors.py).
+    reads of `name` (its files; with its session, the API) and the exchange of a login ticket
+    (proxy/relay/ui_doors.py).
 
     The token is made per start unless configured, and kept in the owner-only state file
     (proxy/common/instances.py): another Unix user cannot read it, and a web page cannot read files, nor
@@ -74,7 +75,7 @@ def allowed(request: web.Request, state: AppState, name: str | None = None) -> b
         return request.headers.get("Origin") is None and local
     if name is None or not local or (state.ui is None and state.admin_relay is None):  # a worker: the primary's
         return False
-    return ui_doors.cookie_request(request, name, state.admin_token) or ui_doors.login_request(request, name)
+    return ui_doors.ui_request(request, name, state.admin_token)
 
 
 FORBIDDEN = ("llmtap admin endpoint: forbidden. It answers loopback peers (remote ones only with "
@@ -194,12 +195,12 @@ async def sql(request: web.Request, state: AppState) -> web.Response:
 async def ui(request: web.Request, state: AppState, name: str) -> web.StreamResponse:
     if state.ui is None:
         return _json({"error": "this proxy has no web UI"}, 404)
-    if name == "ui/login" and request.method == "GET":
-        return ui_doors.login(request, state.ui_tickets, state.admin_token)
+    if name == "ui/login" and request.method == "POST":
+        return await ui_doors.login(request, state.ui_tickets, state.admin_token)
     if name == "ui/ticket" and request.method == "POST":  # the admin token only: `llmtap ui`
         if not _token_sent(request, state.admin_token):
             return forbidden()
-        return _json({"ticket": state.ui_tickets.issue(), "path": "/_llmtap/ui/login"})
+        return _json({"ticket": state.ui_tickets.issue(), "path": ui_doors.LOGIN_PATH})
     if request.method not in ui_doors.READ_ONLY:
         return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 405)
     if name == "ui":

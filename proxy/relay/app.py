@@ -33,8 +33,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     received = request[RECEIVED]
     state = request.app[STATE]
     path, query = split_raw_path(request.raw_path)
-    if path.startswith(ADMIN_PREFIX):
-        if not admin.allowed(request, state, path[len(ADMIN_PREFIX):]):  # refused: a row says someone tried
+    if path.startswith(ADMIN_PREFIX):  # checked as sent, `..` refused: a worker relays the very bytes checked
+        if climbs(path) or not admin.allowed(request, state, path[len(ADMIN_PREFIX):]):  # a row says someone tried
             _record_local(request, path, received, 403, Outcome.HTTP_ERROR, ("admin_forbidden", admin.FORBIDDEN))
             return admin.forbidden()
         return await admin.handle(request, path[len(ADMIN_PREFIX):])

@@ -85,6 +85,7 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.config, self.report)
+        self.recorder.secrets = tuple(s for s in (self.client_key, *(r.credential for r in self.routes.routes)) if s)
         self.body_budget = BodyBudget(self.config.body_memory_bytes)
         if not self.config.quiet:
             self.recorder.observe(log_observer(self.report))

@@ -30,6 +30,7 @@ from aiohttp import StreamReader, web
 from aiohttp.web import RequestHandler
 
 from proxy.relay import rx_stamp
+from proxy.relay.conn_limit import Gate
 
 
 class _StampingHandler(RequestHandler):
@@ -115,8 +116,8 @@ class _StampingHandler(RequestHandler):
             self._await_request()
 
 
-class _StampingServer(web.Server):
-    def __call__(self) -> RequestHandler:
+class _StampingServer(Gate):
+    def handler(self) -> RequestHandler:
         return _StampingHandler(self, loop=self._loop, **self._kwargs)
 
 
@@ -125,16 +126,16 @@ class Runner(web.AppRunner):
     with `stamps` (proxy/relay/fast_paths.py). Without it, aiohttp's own connections, and `take` gives the
     handler's start: later than the first byte by the time the headers took to come and be parsed
     (a few tenths of a millisecond on loopback at low load; a slow client's headers, or a busy loop,
-    add theirs)."""
+    add theirs). Past `max_connections` open, a new one is refused (proxy/relay/conn_limit.py)."""
 
-    def __init__(self, app: web.Application, *, stamps: bool = True, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, *, stamps: bool = True, max_connections: int = 0, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._stamps = stamps
+        self._stamps, self._max_connections = stamps, max_connections
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        if self._stamps:
-            server.__class__ = _StampingServer  # the same object, making stamping connections
+        server.__class__ = _StampingServer if self._stamps else Gate  # the same object, its connections counted
+        server.max_connections = self._max_connections  # type: ignore[attr-defined]
         return server
 
 

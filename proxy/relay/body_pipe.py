@@ -33,6 +33,7 @@ from aiohttp import ServerTimeoutError, StreamReader, web
 
 if TYPE_CHECKING:
     from proxy.meter.meter import Meter
+    from proxy.relay.key_mask import KeyMask
 
 # A piece at least this big is written as its own buffer (writelines) rather than joined with its
 # chunk framing: aiohttp's own threshold for the same choice.
@@ -74,9 +75,10 @@ def give_meter(meter: Meter, data: bytes, t_ns: int) -> None:
 
 class BodyPipe:
     __slots__ = ("_content", "_transport", "_protocol", "_writer", "_upstream", "_chunked", "_meter", "_drain",
-                 "_idle_s", "_last", "_timer", "gone")
+                 "_idle_s", "_last", "_timer", "gone", "_mask")
 
-    def __init__(self, request: web.Request, content: StreamReader, meter: Meter | None) -> None:
+    def __init__(self, request: web.Request, content: StreamReader, meter: Meter | None,
+                 mask: KeyMask | None = None) -> None:
         self._content = content
         self._transport = request.transport
         self._protocol = request.protocol
@@ -89,6 +91,7 @@ class BodyPipe:
         self._last = 0  # perf_counter_ns of the last piece
         self._timer: asyncio.TimerHandle | None = None
         self.gone = False
+        self._mask = mask  # the injected key, masked in what goes back (proxy/relay/key_mask.py)
 
     async def relay(self) -> None:
         """The whole body, to the client: what the reader holds already, then each piece as it comes."""
@@ -111,6 +114,9 @@ class BodyPipe:
                 self._drain.cancel()
             if self._timer is not None:
                 self._timer.cancel()
+        if self._mask is not None and (tail := self._mask.flush()) and not self.gone and self._send(tail):
+            if self._meter is not None:
+                give_meter(self._meter, tail, perf_counter_ns())
         if self.gone:
             raise ClientGone
 
@@ -119,10 +125,19 @@ class BodyPipe:
         self._last = t = perf_counter_ns()
         if self.gone:
             return
+        if self._mask is not None and not (data := self._mask.piece(data)):
+            return
+        if not self._send(data):
+            return
+        if self._meter is not None:
+            give_meter(self._meter, data, t)
+
+    def _send(self, data: bytes) -> bool:
+        """`data` to the client's transport (False: the client is gone)."""
         transport = self._transport
         if transport is None or transport.is_closing():
             self._client_gone()
-            return
+            return False
         if not self._chunked:
             transport.write(data)
         elif len(data) < JOIN_BELOW:
@@ -131,8 +146,7 @@ class BodyPipe:
             transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
         if self._protocol.writing_paused and self._drain is None:
             self._hold_upstream()
-        if self._meter is not None:
-            give_meter(self._meter, data, t)
+        return True
 
     def _watch_idle(self) -> None:
         """The upstream's idle timeout (`serve --idle-timeout`), checked once per period instead of

@@ -13,10 +13,12 @@ from time import perf_counter_ns
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.relay.body_budget import RETRY_AFTER_S, Lease, OverBudget
 from proxy.relay.body_pipe import BodyPipe, give_meter
 from proxy.relay.errors import error_response
+from proxy.relay.key_mask import KeyMask, mask_of
 from proxy.relay.upstream import Finish, cause, open_request, start_meter
 from proxy.common.headers import response_headers
 from proxy.meter.meter import Meter
@@ -94,7 +96,7 @@ async def _relay(
     url = route.target(path, query)
     upstream = await open_request(state, request, url, body, meter, path, route)
     try:
-        return await _stream_back(request, upstream, meter)
+        return await _stream_back(request, upstream, meter, mask_of(route.credential))
     finally:
         upstream.release() if upstream.content.is_eof() else upstream.close()
 
@@ -110,7 +112,8 @@ def _over_budget(state: AppState, path: str, meter: Meter | None) -> Finish:
                                    f"request bodies in memory at the {mb:g} MiB limit"), resp, meter, 503)
 
 
-async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter | None) -> web.StreamResponse:
+async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter | None,
+                       mask: KeyMask | None) -> web.StreamResponse:
     t = perf_counter_ns()
     if meter is not None:
         try:
@@ -118,6 +121,8 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
         except Exception as exc:
             meter.mark_broken(f"meter: {type(exc).__name__}: {exc}")
     headers = response_headers(upstream.headers)
+    if mask is not None:  # the injected key echoed: masked (proxy/relay/key_mask.py)
+        headers = CIMultiDict(mask.headers(headers.items()))
     if "Origin" in request.headers:  # a page of an allowed origin (guard.py refused the others) reads it
         for name, value in request.app[STATE].guard.cors_headers(request).items():
             headers.setdefault(name, value)
@@ -128,12 +133,12 @@ async def _stream_back(request: web.Request, upstream: aiohttp.ClientResponse, m
     content = upstream.content
     try:
         if content.is_eof():  # the whole body came with the headers (most non-streaming answers)
-            return await _answer_at_once(content, out, meter)
+            return await _answer_at_once(content, out, meter, mask)
         request.writer.send_headers()
         if fast.on("body_pipe") and type(content) is aiohttp.StreamReader:
-            await BodyPipe(request, content, meter).relay()
+            await BodyPipe(request, content, meter, mask).relay()
         else:
-            await _read_and_write(content, out, meter)
+            await _read_and_write(content, out, meter, mask)
         if meter is not None:
             meter.on_response_end(perf_counter_ns())
         await out.write_eof()  # the last chunk at once, then a wait while the client drains
@@ -157,8 +162,9 @@ class _Answer(web.StreamResponse):
     _send_headers_immediately = False
 
 
-async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> web.StreamResponse:
-    data = content.read_nowait()
+async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None,
+                          mask: KeyMask | None) -> web.StreamResponse:
+    data = content.read_nowait() if mask is None else mask.whole(content.read_nowait())
     t = perf_counter_ns()
     if meter is not None:
         meter.on_response_end(t)
@@ -168,16 +174,23 @@ async def _answer_at_once(content: aiohttp.StreamReader, out: web.StreamResponse
     return out
 
 
-async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None) -> None:
+async def _read_and_write(content: aiohttp.StreamReader, out: web.StreamResponse, meter: Meter | None,
+                          mask: KeyMask | None) -> None:
     """The public path of a body (proxy/relay/fast_paths.py), read by read and written to the client:
     aiohttp's own backpressure (`write` drains a full transport; the reader pauses the upstream past
     its high water), its idle timeout (`sock_read`, re-armed per read), and a client gone raises
     from `write` (or cancels the handler). Each piece is stamped once this task has it."""
     while data := await content.readany():
         t = perf_counter_ns()
+        if mask is not None and not (data := mask.piece(data)):
+            continue
         await out.write(data)
         if meter is not None:
             give_meter(meter, data, t)
+    if mask is not None and (tail := mask.flush()):
+        await out.write(tail)
+        if meter is not None:
+            give_meter(meter, tail, perf_counter_ns())
 
 
 def _abort(request: web.Request) -> None:

@@ -19,6 +19,7 @@ from proxy.relay import fast_paths
 from proxy.common import instances as running
 from proxy.record.admin_sql import AdminSql
 from proxy.relay.app import HTTP_LIMITS, make_app
+from proxy.relay.conn_limit import connection_cap
 from proxy.relay.arrival import Runner
 from proxy.settings.client_key import client_key
 from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_prices
@@ -160,8 +161,11 @@ class RunningProxy:
         scrub_library_logs()
         if self.store is not None:
             self.store.start()
+        raise_open_files()  # before the cap of connections is reckoned from it
         self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
-                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS)
+                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS,
+                             keepalive_timeout=self.config.header_timeout_s,  # the head's timeout (conn_limit.py)
+                             max_connections=connection_cap(self.config.max_connections))
         await self.runner.setup()
         try:
             await self._listen()

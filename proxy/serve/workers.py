@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from proxy.relay import admin
 from proxy.common import instances as running
@@ -76,7 +77,7 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0  # a worker's requests get the server's shutdown timeout (5 s); then its last rows
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 YOUNG_S = 10.0  # a worker that dies younger than this is restarted after the next backoff step
-RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Location", "Set-Cookie", "Content-Security-Policy",
+RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Location", "Content-Security-Policy",
                    "X-Content-Type-Options", "X-Frame-Options", "Referrer-Policy", "Cross-Origin-Resource-Policy",
                    "Cross-Origin-Opener-Policy")
 VIA_HEADER = "X-Llmtap-Worker"  # on admin answers a worker relayed from the primary: the worker's index
@@ -343,16 +344,16 @@ class AdminRelay:
         headers = {running.TOKEN_HEADER: self.token}  # allowed here (token, or the UI's cookie or login)
         if content_type := request.headers.get("Content-Type"):
             headers["Content-Type"] = content_type
-        url = "http://llmtap-primary" + running.ADMIN_PREFIX + name
-        if request.query_string:
-            url += "?" + request.query_string
+        # the path as it was checked (encoded as sent, never normalised on the way: proxy/relay/app.py)
+        url = URL.build(scheme="http", host="llmtap-primary", path=running.ADMIN_PREFIX + name,
+                        query_string=request.query_string, encoded=True)
         body = await request.read()
         response: web.StreamResponse | None = None
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers,
                                             allow_redirects=False) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={VIA_HEADER: str(self.index)})
-                for header in RELAYED_HEADERS:  # the web UI's login, its cookie and its page's policies too
+                for header in RELAYED_HEADERS:  # the web UI's login and its page's policies too
                     for value in upstream.headers.getall(header, ()):
                         response.headers.add(header, value)
                 await response.prepare(request)

@@ -45,6 +45,10 @@ class ServeConfig:
     max_body_mb: float = 64.0
     # Request bodies held in memory at once, all requests together (proxy/relay/body_budget.py): past it, a 503.
     body_memory_mb: float = 256.0
+    # A request's head must be complete this soon after the connection opens or its last answer ends
+    # (and an idle connection closes then); connections open at once (proxy/relay/conn_limit.py).
+    header_timeout_s: float = 30.0
+    max_connections: int = 10_000
     pool_size: int = 0
     ca_bundle: str | None = None
     flush_interval_s: float = latency.STORE_FLUSH_S  # the store's share of the row's budget (proxy/common/latency.py)
@@ -167,7 +171,7 @@ _FIELDS = {f.name for f in fields(ServeConfig)}
 _TABLES = ("routes", "route_key_env", "route_proxy", "price_markup", "alerts", "key_names")
 _LISTS = ("allow_origins", "allow_hosts")
 _POSITIVE = {"retain_days": "days", "retain_bodies_days": "days", "sql_timeout_s": "seconds", "sql_max_mb": "MiB",
-             "body_memory_mb": "MiB"}
+             "body_memory_mb": "MiB", "header_timeout_s": "seconds", "max_connections": "connections"}
 
 
 def _key_from_env(var: str | None) -> str | None:

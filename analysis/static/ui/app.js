@@ -1,13 +1,15 @@
 // llmtap web UI (docs/ui.md): one page, a view per hash route, reading /_llmtap/api/* and /_llmtap/live.
-// Every text from the data reaches the page as a text node (textContent), never as HTML; the page
-// holds no secret (its cookie is HttpOnly) and loads nothing but this proxy's own files.
+// Every text from the data reaches the page as a text node (textContent), never as HTML; it loads
+// nothing but this proxy's own files. Its session (proxy/relay/ui_doors.py) is kept in this origin's
+// sessionStorage and sent in a header: never a cookie, which every port of the host would receive.
 (function () {
   "use strict";
 
   var API = "/_llmtap/api/";
   var main = document.getElementById("main");
   var statusLine = document.getElementById("status");
-  var live = null;  // the Live page's EventSource, closed when another page shows
+  var SESSION = "llmtap_ui", SESSION_HEADER = "X-Llmtap-Ui";
+  var live = null;  // the Live page's feed (a streamed fetch), closed when another page shows
   var plots = [];   // uPlot charts of the page shown, destroyed when another shows
 
   // -- DOM, as text -------------------------------------------------------------------------------
@@ -102,13 +104,77 @@
   }
 
   function fetchJson(path, params) {
-    return fetch(API + path + query(params), { credentials: "same-origin", headers: { Accept: "application/json" } })
+    return fetch(API + path + query(params), { credentials: "omit", headers: authorized({ Accept: "application/json" }) })
       .then(function (r) {
         return r.json().catch(function () { return { error: "HTTP " + r.status }; }).then(function (body) {
           if (!r.ok) throw new Error(body && body.error ? body.error : "HTTP " + r.status);
           return body;
         });
       });
+  }
+
+  // -- the session: a one-time ticket in the fragment (#login=T, never sent to a server), traded once
+  // for a session kept in sessionStorage (this origin's alone) and sent in a header ---------------------
+
+  function authorized(headers) {
+    headers[SESSION_HEADER] = sessionStorage.getItem(SESSION) || "";
+    return headers;
+  }
+
+  function login() {
+    var m = /^#login=([A-Za-z0-9_-]+)$/.exec(location.hash);
+    if (!m) return Promise.resolve();
+    history.replaceState(null, "", location.pathname + "#/live");  // the ticket leaves the address bar
+    return fetch("/_llmtap/ui/login", { method: "POST", credentials: "omit", headers: { "Content-Type": "application/json" },
+                                        body: JSON.stringify({ ticket: m[1] }) })
+      .then(function (r) {
+        return r.json().then(function (body) {
+          if (!r.ok) throw new Error(body && body.error ? body.error : "HTTP " + r.status);
+          sessionStorage.setItem(SESSION, body.session);
+        });
+      });
+  }
+
+  // The live feed (server-sent events) read from a fetch, which can send the session header (an
+  // EventSource cannot); reopened after a pause if it breaks, as an EventSource would be.
+  function feed(url, onEvent, onBroken) {
+    var stopped = false, controller = null, retry = null;
+    function open() {
+      controller = new AbortController();
+      fetch(url, { credentials: "omit", headers: authorized({ Accept: "text/event-stream" }), signal: controller.signal })
+        .then(function (r) {
+          if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
+          var reader = r.body.getReader(), decoder = new TextDecoder(), buffer = "";
+          function pump() {
+            return reader.read().then(function (chunk) {
+              if (chunk.done) throw new Error("the feed ended");
+              buffer += decoder.decode(chunk.value, { stream: true });
+              var at;
+              while ((at = buffer.indexOf("\n\n")) >= 0) {
+                dispatch(buffer.slice(0, at));
+                buffer = buffer.slice(at + 2);
+              }
+              return pump();
+            });
+          }
+          return pump();
+        })
+        .catch(function () {
+          if (stopped) return;
+          onBroken();
+          retry = setTimeout(open, 2000);
+        });
+    }
+    function dispatch(block) {
+      var name = "message", data = [];
+      block.split("\n").forEach(function (line) {
+        if (line.slice(0, 6) === "event:") name = line.slice(6).trim();
+        else if (line.slice(0, 5) === "data:") data.push(line.slice(5).replace(/^ /, ""));
+      });
+      if (data.length && !stopped) onEvent(name, data.join("\n"));
+    }
+    open();
+    return { close: function () { stopped = true; clearTimeout(retry); if (controller) controller.abort(); } };
   }
 
   // The page's answers: one for a page already left (a slow Overview, then Requests) never settles,
@@ -194,9 +260,9 @@
       if (finished.children.length) return;
       d.rows.forEach(function (r) { add(finished, finishedRow(Object.assign({}, r, { started: r.started_at }))); });
     }).catch(function () {});
-    live = new EventSource("/_llmtap/live");
-    live.addEventListener("tick", function (event) {
-      var tick = JSON.parse(event.data);
+    live = feed("/_llmtap/live", function (name, data) {
+      if (name !== "tick") return;
+      var tick = JSON.parse(data);
       while (inflight.firstChild) inflight.removeChild(inflight.firstChild);
       tick.inflight.forEach(function (r) {
         add(inflight, h("tr", { "data-id": r.id },
@@ -216,8 +282,7 @@
       var lag = tick.loop_lag || {};
       status("live · " + count(tick.requests_seen) + " requests seen · event loop lag p99 " +
              (lag.p99_ms == null ? "–" : lag.p99_ms + " ms") + (tick.dropped ? " · " + tick.dropped + " ticks dropped" : ""));
-    });
-    live.onerror = function () { status("live feed: reconnecting…"); };
+    }, function () { status("live feed: reconnecting…"); });
   }
 
   // -- filters (Requests, Sessions, Overview, Compare) --------------------------------------------
@@ -529,6 +594,17 @@
     });
   }
 
-  window.addEventListener("hashchange", function () { render(); main.focus(); });
-  render();
+  function start() {
+    login().then(function () {
+      if (sessionStorage.getItem(SESSION)) { render(); return; }
+      show(h("h1", null, "Not logged in"),
+           h("p", null, "Run `llmtap ui` for a one-time login link (each browser tab logs in once)."));
+    }, failed);
+  }
+  window.addEventListener("hashchange", function () {
+    if (location.hash.slice(0, 7) === "#login=") { start(); return; }
+    render();
+    main.focus();
+  });
+  start();
 })();
