@@ -204,7 +204,8 @@
          h("p", null, why || "This tab has no llmtap session."),
          h("p", null, "Run ", h("code", null, "llmtap ui"), " in a terminal: it opens this page logged in, with a one-time link" +
            " (each browser tab logs in once; the link works once, for two minutes)."),
-         h("p", { "class": "muted" }, "More than one llmtap serve on this machine? `llmtap ui` says which one it opened; --url picks another."));
+         h("p", { "class": "muted" }, "More than one llmtap serve on this machine? ", h("code", null, "llmtap ui"),
+           " says which one it opened; ", h("code", null, "--url"), " picks another."));
   }
 
   function failed(err) {
@@ -370,7 +371,7 @@
       });
       var rows = data.rows.map(function (r) {
         return h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
-          cell(r.started_at, when(r.started_at)),
+          cell(r.started_at, when(r.started_at).slice(5)),
           h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
           cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
           cell(r.outcome, r.outcome || "–"), cell(r.status, r.status == null ? "–" : r.status, "num"),
@@ -378,7 +379,7 @@
           cell(r.input_tokens, count(r.input_tokens), "num"), cell(r.output_tokens, count(r.output_tokens), "num"),
           cell(r.cost_usd, usd(r.cost_usd), "num"),
           h("td", { "data-value": r.session_id || "" }, r.session_id ? h("a", { href: "#/sessions?session=" + encodeURIComponent(r.session_id), title: r.session_id }, shortKey(r.session_id)) : "–"),
-          cell(r.tag, r.tag || "–", "text"), cell(r.error_message, r.error_message || "", "text"));
+          cell(r.tag, r.tag || "–", "text"), cell(r.error_message, r.error_message || "", "error-text"));
       });
       var first = data.total ? data.offset + 1 : 0, last = Math.min(data.total, data.offset + data.rows.length);
       var pager = h("div", { "class": "pager" },
