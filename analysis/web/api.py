@@ -249,17 +249,18 @@ def session(query: Query, params: Params, rest: str) -> Answer:
         found = holding(found) or holding(matching(query, rest.rstrip("/") + "/", where, gap_s))
     if len(found) != 1:
         return dump({"error": f"{len(found) or 'no'} sessions start with {rest}"}, 404 if not found else 400)
-    return dump({**session_json(found[0], spans=True), "side": side_requests(query, found[0], where)})
+    return dump({**session_json(found[0], spans=True), "side": side_requests(query, found[0], where, gap_s)})
 
 
-def side_requests(query: Query, s: Any, where: str) -> list[dict[str, Any]]:
+def side_requests(query: Query, s: Any, where: str, gap_s: float) -> list[dict[str, Any]]:
     """The session's side requests (`kind` 'side': an agent's requests beside its turns, which the
-    timeline leaves out), for the page to fold under the turn each falls in; from the session's start."""
+    timeline leaves out), from its start to a gap past its end, for the page to fold under the turn
+    each falls in; `start_s` from the session's start."""
     by = f"session_id = {sql_string(s.session_id)}" if s.session_id else \
         f"session_id IS NULL AND tool IS NOT DISTINCT FROM {sql_string(s.tool) if s.tool else 'NULL'}"
     rows = rows_of(query, f"SELECT id AS request_id, epoch(started_at) - {s.start_s!r} AS start_s, ttft_ms, e2e_ms,"
                           f" request_model AS model FROM requests WHERE kind = 'side' AND {by} AND {where}"
-                          f" AND epoch(started_at) BETWEEN {s.start_s!r} AND {s.end_s!r} ORDER BY started_at, id")
+                          f" AND epoch(started_at) BETWEEN {s.start_s!r} AND {s.end_s + gap_s!r} ORDER BY started_at, id")
     return [{**r, "start_s": round(r["start_s"], 6)} for r in rows]
 
 
