@@ -580,9 +580,12 @@ async def test_a_sessions_turns_and_its_time_axis(world: World) -> None:
 
 @pytest.mark.skipif("side" not in KINDS, reason="side requests are marked by branch agents' `kind` 'side'")
 async def test_side_requests_are_folded_under_their_turn(world: World) -> None:
-    [side] = world.rows("SELECT id, session_id FROM requests WHERE kind = 'side'")
-    await world.page(f"#/session/{side['session_id']}", "!!document.querySelector('#gantt')")
+    [side] = world.rows("SELECT id FROM requests WHERE kind = 'side'")
+    [turn] = world.rows("SELECT id FROM requests WHERE request_model = 'qwen3-coder' AND kind = 'generation'")
     b = world.browser
+    await world.page(f"#/request/{turn['id']}", "!!document.querySelector('#session-link')")
+    await b.evaluate("document.getElementById('session-link').click(); 1")
+    await b.wait_for("!!document.querySelector('#gantt')")
     folded = await b.evaluate("[...document.querySelectorAll('#gantt details.side')].map(d => [d.dataset.turn, d.open,"
                               " d.querySelector('summary').textContent])")
     assert folded == [["1", False, "1 side request in this turn (beside the agent's turn, not in its time)"]]
