@@ -109,7 +109,8 @@ async def main(out: Path) -> None:
             print("sessions:", "real Claude Code (claude -p) and the simulated agent" if real else "the simulated agent only")
             _, _, [(session,)] = proxy.store.query(
                 "SELECT session_id FROM requests WHERE tool = 'claude-code' AND session_id IS NOT NULL"
-                " GROUP BY session_id ORDER BY count(*) DESC, min(started_at) LIMIT 1")
+                " GROUP BY session_id ORDER BY bool_or(request_model <> 'claude-x') DESC,"  # a real CLI's first
+                " bool_or(list_contains(list_transform(tool_calls, lambda c: c.name), 'Read')) DESC, min(started_at) LIMIT 1")
             _, _, [(request,)] = proxy.store.query(
                 f"SELECT id FROM requests WHERE session_id = '{session}' AND tool_calls IS NOT NULL ORDER BY started_at LIMIT 1")
             async with Chromium(binary, width=WIDTHS[0], height=HEIGHT) as browser:
