@@ -302,8 +302,10 @@ class PrometheusMetrics:
         return series
 
     def collect(self) -> Iterator[Metric]:
-        for metric in (self.duration, self.embed_duration, self.ttft, self.tpot, *self.usage, self.input_hist,
-                       self.output_hist, self.embed_input_hist, self.cost, self.requests):
+        instruments: tuple[LabeledHistogram | LabeledCounter, ...] = (
+            self.duration, self.embed_duration, self.ttft, self.tpot, *self.usage, self.input_hist,
+            self.output_hist, self.embed_input_hist, self.cost, self.requests)
+        for metric in instruments:
             yield metric.collect()
         yield from self._limit_gauges()
 
