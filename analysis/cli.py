@@ -249,8 +249,6 @@ def _with_file_hint(message: str) -> str:
 @click.option("--sort", type=click.Choice(list(report_mod.SORTS)), help=(
     "Order the groups by this, largest first (name: in order): count, errors (err%), p50/p95 TTFT, E2E,"
     " TPOT, cost. Default: count; by hour and day, name (in time)."))
-@click.option("--errors", "show_errors", is_flag=True,
-              help="Show the errors report instead (like `llmtap errors`).")
 @click.option("--breakdown", "show_breakdown", is_flag=True,
               help="Show where TTFT goes instead: the median of each part (connection, wait for headers, "
               "first token) per group, as a table and stacked bars.")
@@ -267,7 +265,7 @@ def _with_file_hint(message: str) -> str:
 @from_option
 @output_options("table", "json", "csv")
 @update_prices_option
-def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+def report(by: str, sort: str | None, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
            filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
     """Latency, errors, tokens and cost by model, tool, route, ...
 
@@ -284,19 +282,15 @@ def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show
     _update_prices(update_prices)
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
-    every = all_kinds or (not kinds and (by == "kind" or show_errors or show_limits))
+    every = all_kinds or (not kinds and (by == "kind" or show_limits))
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
-    if show_errors and show_breakdown:
-        raise click.UsageError("give --errors or --breakdown, not both")
-    if sort and (show_errors or show_limits or show_breakdown or by == "tool_name"):
-        raise click.UsageError("--sort orders the report's groups: it does not go with --errors, --limits,"
-                               " --breakdown or --by tool_name")
+    if sort and (show_limits or show_breakdown or by == "tool_name"):
+        raise click.UsageError("--sort orders the report's groups: it does not go with --limits, --breakdown"
+                               " or --by tool_name")
     if by == "tool_name" and (show_breakdown or html_path is not None):
         raise click.UsageError("--by tool_name shows each tool's run time: it does not go with --breakdown or --html")
     with opened(db_path, sources) as source:
-        if show_errors:
-            text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
-        elif show_limits:
+        if show_limits:
             from analysis import limits
 
             try:

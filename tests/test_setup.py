@@ -15,7 +15,7 @@ from proxy.serve.server import write_state
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.tools.cli import setup
-from proxy.tools.toml_edit import TomlEditError, set_key_and_table
+from proxy.tools.toml_edit import set_keys
 
 from .conftest import proxy_config
 from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
@@ -172,17 +172,18 @@ def test_codex_new_file_and_printed_snippet_agree(tmp_path: Path) -> None:
     assert (tmp_path / ".codex" / "config.toml").read_text() == snippet
 
 
-def test_codex_unusual_form_is_refused_untouched(tmp_path: Path) -> None:
+def test_codex_inline_form_is_edited_in_its_form_and_bad_toml_refused_untouched(tmp_path: Path) -> None:
     config = tmp_path / ".codex" / "config.toml"
     config.parent.mkdir()
-    text = 'model_providers = { llmtap = { name = "inline" } }\n'
-    config.write_text(text)
+    config.write_text('model_providers = { llmtap = { name = "inline" } }  # mine\n')
     code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
-    assert code == 1 and "edit it by hand" in out
-    assert config.read_text() == text and not backups(config)
+    assert code == 0, out
+    text = config.read_text()
+    assert text.startswith('model_providers = { llmtap = { name = "llmtap", base_url = ') and "# mine" in text
+    assert tomllib.loads(text)["model_providers"]["llmtap"]["base_url"] == URL + "/v1"
     config.write_text("model = \n")
     code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
-    assert code == 1 and "is not valid TOML" in out
+    assert code == 1 and "is not valid TOML" in out and config.read_text() == "model = \n"
 
 
 @pytest.mark.parametrize("text", [
@@ -192,20 +193,21 @@ def test_codex_unusual_form_is_refused_untouched(tmp_path: Path) -> None:
 ])
 def test_toml_edit_keeps_the_document(text: str) -> None:
     values = {"name": "llmtap", "base_url": "http://h/v1"}
-    result = set_key_and_table(text, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values)
+    result = set_keys(text, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values)
     expected = tomllib.loads(text)
     expected["model_provider"] = "llmtap"
     expected.setdefault("model_providers", {}).setdefault("llmtap", {}).update(values)
     assert tomllib.loads(result) == expected
-    assert set_key_and_table(result, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values) == result
+    assert set_keys(result, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values) == result
     for line in text.splitlines():  # nothing of the old text is lost
         assert line.strip().startswith(("model_provider", "name")) or line in result
 
 
-def test_toml_edit_refuses_a_dotted_key_definition() -> None:
-    with pytest.raises(TomlEditError):
-        set_key_and_table('model_providers.llmtap.name = "x"\n', {"model_provider": "llmtap"},
-                          ("model_providers", "llmtap"), {"name": "llmtap"})
+def test_toml_edit_keeps_a_dotted_key_definition() -> None:
+    result = set_keys('model_providers.llmtap.name = "x"  # mine\n', {"model_provider": "llmtap"},
+                      ("model_providers", "llmtap"), {"name": "llmtap"})
+    assert result.startswith('model_providers.llmtap.name = "llmtap"  # mine\n')
+    assert tomllib.loads(result) == {"model_provider": "llmtap", "model_providers": {"llmtap": {"name": "llmtap"}}}
 
 
 def test_cline_write_keeps_keys_and_models(tmp_path: Path) -> None:

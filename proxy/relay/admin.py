@@ -247,12 +247,19 @@ def _ui_json(body: bytes, status: int = 200) -> web.Response:
 # -- serve --workers N: the primary's private admin socket -----------------------------------------
 
 
+async def end_live_streams(app: web.Application) -> None:
+    """aiohttp's `on_shutdown`, run before it waits for the running handlers: the live feed's streams
+    end rather than hold the stop for its timeout."""
+    live.end_streams(app[STATE].recorder)
+
+
 def private_app(state: AppState) -> web.Application:
     """What the primary answers on its private Unix socket (in the 0700 run directory): the admin
     requests its workers were sent and allowed, relayed with the token. It checks again: the peer
     is a process of this Unix user (SO_PEERCRED) and sends the admin token."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
+    app.on_shutdown.append(end_live_streams)
     app.router.add_route("*", ADMIN_PREFIX + "{name:.*}", _private)
     return app
 

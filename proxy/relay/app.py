@@ -210,6 +210,7 @@ def make_app(state: AppState) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[on_arrival])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
+    app.on_shutdown.append(admin.end_live_streams)
     app.router.add_route("*", "/{tail:(?s:.*)}", dispatch)  # every path, a `%0a` in it too: each leaves a row
     return app
 

@@ -26,7 +26,7 @@ from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_p
 from proxy.relay.guard import Guard
 from proxy.meter.redact import scrub_library_logs
 from proxy.common import prices
-from proxy.observe.metrics import METRICS_NAMES, PrometheusMetrics
+from proxy.observe.metrics import PrometheusMetrics
 from proxy.observe.otel import OtelExporter, OtelSettings, OtelUnavailable
 from proxy.observe.thresholds import ThresholdWatch
 from proxy.settings.alerts import check_alerts
@@ -109,11 +109,9 @@ class RunningProxy:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.admin_sql = AdminSql(config.sql_timeout_s) if self.store is not None else None
-        if config.metrics_names not in METRICS_NAMES:
-            raise ConfigError(f"metrics_names is {' or '.join(METRICS_NAMES)}, not {config.metrics_names!r}")
         loop_lag = LoopLag()
         metrics = None if worker is not None else PrometheusMetrics(
-            store_stats=self.store.stats if self.store else None, loop_lag=loop_lag.summary, names=config.metrics_names)
+            store_stats=self.store.stats if self.store else None, loop_lag=loop_lag.summary)
         self.state = AppState(config=config, routes=routes, store=self.store, report=report,
                               admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
                               guard=Guard.build(config.allow_origins, config.allow_hosts,

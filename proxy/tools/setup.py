@@ -278,12 +278,12 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
         old = config_files.read_text(path)
         try:
             if (login or codex_login(where)) == "chatgpt":
-                new = toml_edit.set_top_keys(old or "", {"openai_base_url": urls.chatgpt})
+                new = toml_edit.set_keys(old or "", {"openai_base_url": urls.chatgpt})
             else:
-                new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
-                                                  ("model_providers", CODEX_PROVIDER),
-                                                  codex_provider(urls, codex_env_key, client_key))
-        except toml_edit.tomllib.TOMLDecodeError as exc:
+                new = toml_edit.set_keys(old or "", {"model_provider": CODEX_PROVIDER},
+                                         ("model_providers", CODEX_PROVIDER),
+                                         codex_provider(urls, codex_env_key, client_key))
+        except tomllib.TOMLDecodeError as exc:
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None
