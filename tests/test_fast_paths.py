@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from proxy.relay import body_pipe, fast_paths, rx_stamp
+from proxy.relay import body_pipe, fast_paths
 from proxy.settings.config import ConfigError
 from .serving import RunningProxy
 
@@ -146,7 +146,7 @@ async def test_by_default_the_body_pipe_relays_and_health_says_so(tmp_path: Path
     assert piped == 1
     assert body == b"".join(EVENTS) and row["outcome"] == "ok"
     assert health == {"aiohttp": aiohttp.__version__, "on": list(fast_paths.NAMES), "off": {},
-                      "kernel_stamps": rx_stamp.AVAILABLE}
+                      "kernel_stamps": ["arrival", "upstream", "tls_flight"]}
 
 
 async def test_health_names_the_one_path_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +165,7 @@ async def test_doctor_says_which_paths_are_off_and_why(tmp_path: Path) -> None:
     env = {**clean_env(tmp_path), fast_paths.ENV: "off:body_pipe"}
     code, out, err = await llmtap("doctor", "--upstream", "http://127.0.0.1:9", env=env)
     line = next(line for line in out.splitlines() if " fast paths: " in line)
-    assert line == (f"OK    fast paths: arrival, headers_later, conn_timing on in llmtap serve here (aiohttp "
+    assert line == (f"OK    fast paths: arrival, headers_later, conn_timing, kernel_stamps on in llmtap serve here (aiohttp "
                     f"{aiohttp.__version__}); off, the public path runs (slower, as correct): body_pipe: turned off "
                     "(LLMTAP_FAST_PATHS)") or not TESTED
 
@@ -188,6 +188,6 @@ def test_serve_names_a_path_the_probe_refused() -> None:
     refused = {n: "aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on"
                for n in fast_paths.NAMES}
     assert fast_paths.FastPaths("3.15.0", refused).refusal_note() == (
-        "llmtap: aiohttp 3.15.0: body_pipe, arrival, headers_later, conn_timing on the public path (slower, as "
+        "llmtap: aiohttp 3.15.0: body_pipe, arrival, headers_later, conn_timing, kernel_stamps on the public path (slower, as "
         "correct): aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on "
         "(llmtap doctor says more)")

@@ -1,6 +1,6 @@
 """llmtap's own time goes into llmtap's own columns (#26): a request, or an upstream's headers,
 that waited in the kernel while the proxy's loop was blocked is dated when it came
-(proxy/relay/rx_stamp.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
+(proxy/relay/kernel_timing.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
 network's or the upstream's parts. The loop is blocked deliberately from the test (the client
 path, or a test-only upstream's thread); each check compares moments on the monotonic clock the
 test and the proxy share in this process (the block's start and end against what was recorded),
@@ -18,13 +18,13 @@ from time import perf_counter_ns
 
 import pytest
 
-from proxy.relay import rx_stamp
+from proxy.relay import kernel_timing
 from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .fast_path_skips import needs
 
-pytestmark = pytest.mark.skipif(not rx_stamp.AVAILABLE, reason="no kernel receive timestamps here")
+pytestmark = needs("kernel_stamps")
 
 BODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
 PARTS = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms", "proxy_wait_ms")
@@ -145,8 +145,8 @@ async def test_bytes_read_stamped_are_the_transports_bytes() -> None:
 
     class Server(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert rx_stamp.usable(transport)
-            self.rx = rx_stamp.RxStamp(transport, self.data_received)  # type: ignore[arg-type]
+            assert kernel_timing.usable(transport)
+            self.rx = kernel_timing.RxStamp(transport, self.data_received)  # type: ignore[arg-type]
             loop.call_soon(lambda: armed.set_result(self.rx.arm()))  # once the transport reads (uvloop)
 
         def data_received(self, data: bytes) -> None:
