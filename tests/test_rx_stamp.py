@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from time import perf_counter_ns
 
+import aiohttp
 import pytest
 
-from proxy.relay import kernel_timing
+from proxy.meter.connection_marks import ConnectionMarks
+from proxy.relay import conn_timing, kernel_timing
 from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
+from .faultkit import RawConn, RawUpstream
 from .fast_path_skips import needs
 
 pytestmark = needs("kernel_stamps")
@@ -170,3 +173,52 @@ async def test_bytes_read_stamped_are_the_transports_bytes() -> None:
     server.close()
     assert b"".join(got) == payload
     assert stamps and all(stamp <= handed for stamp, handed in stamps)
+
+
+async def test_the_answers_reader_leaves_a_connection_aiohttp_holds_alone() -> None:
+    """The upstream connector's reader of the answer's first byte (kernel_timing.stamp_answer) hands
+    aiohttp more than its buffer takes (a `read_bufsize` of 256 bytes): aiohttp's flow control holds
+    the connection, and the reader must not start it reading again; the rest comes once the body is read."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+    first, rest = b"a" * 8192, b"b" * 65536
+    go_on = asyncio.Event()
+
+    async def answer(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(head % (len(first) + len(rest)) + first)  # one write: one read of the proxy's
+        await go_on.wait()
+        await conn.send(rest)
+
+    marks = ConnectionMarks(tls=False)
+    async with RawUpstream(answer) as up, aiohttp.ClientSession(
+            connector=conn_timing.TimedConnector(kernel=True), read_bufsize=256) as session:
+        timing = conn_timing.CURRENT.set(marks)
+        try:
+            response = await asyncio.wait_for(session.get(up.url), 10)
+        finally:
+            kernel_timing.settle()  # as the relay does once the headers are in
+            conn_timing.CURRENT.reset(timing)
+        assert marks.answered is not None  # the reader read the answer, stamped
+        low, high = response.content.get_read_buffer_limits()
+        assert response.content.total_bytes > high  # aiohttp holds the connection's reading now
+        assert response.connection is not None and response.connection.transport is not None
+        assert not response.connection.transport.is_reading()
+        go_on.set()
+        assert await asyncio.wait_for(response.read(), 10) == first + rest
+
+
+def test_a_protocol_without_aiohttps_flow_control_flags_counts_as_held() -> None:
+    from aiohttp.client_proto import ResponseHandler
+
+    class Other(asyncio.Protocol):  # an aiohttp shaped otherwise: no flags to read
+        pass
+
+    assert kernel_timing.held(Other())
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = ResponseHandler(loop)
+        assert not kernel_timing.held(protocol)
+        protocol._reading_paused = True
+        assert kernel_timing.held(protocol)
+    finally:
+        loop.close()
