@@ -9,8 +9,11 @@ never a duration against a threshold."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import socket
+import struct
+import termios
 import threading
 import time
 from pathlib import Path
@@ -24,7 +27,8 @@ from proxy.relay import conn_timing, kernel_timing
 from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
-from .faultkit import RawConn, RawUpstream
+from .faultkit import RawConn, RawUpstream, http_head
+from .waiting import wait_until
 from .fast_path_skips import needs
 
 pytestmark = needs("kernel_stamps")
@@ -222,3 +226,49 @@ def test_a_protocol_without_aiohttps_flow_control_flags_counts_as_held() -> None
         assert kernel_timing.held(protocol)
     finally:
         loop.close()
+
+
+def unread(sock: socket.socket) -> int:
+    """The bytes waiting in a socket's receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+@needs("arrival")  # the reader of a connection's next request is arrival.py's
+async def test_the_next_requests_reader_leaves_a_connection_aiohttp_holds_alone(tmp_path: Path) -> None:
+    """A client pipelines more requests than aiohttp queues (32) while the upstream holds the first
+    answer: aiohttp's flow control holds the connection's reading until its queue drains, and the
+    reader of the next request must not read what the client sends meanwhile, nor start the
+    connection reading again. Every request is answered once the upstream goes on."""
+    go_on = asyncio.Event()
+
+    async def answer(conn: RawConn) -> None:
+        while True:
+            await conn.read_request()
+            await go_on.wait()
+            await conn.send(http_head(200, {"Content-Type": "application/json"}, length=2) + b"{}")
+
+    one = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+    async with RawUpstream(answer) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+        assert p.runner is not None
+        sock = socket.create_connection(("127.0.0.1", int(p.url.rsplit(":", 1)[1])))
+        try:
+            sock.sendall(one * 40)
+            handler = await wait_until(lambda: next((h for h in p.runner.server.connections  # type: ignore[union-attr]
+                                                     if kernel_timing.held(h)), None), what="aiohttp holding the connection")
+            sock.sendall(one)  # one more while it holds
+            waiting = handler.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            await wait_until(lambda: unread(waiting) == len(one), what="the request in the proxy's kernel")
+            async with aiohttp.ClientSession() as s, s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
+                assert r.status == 200  # the loop has polled since those bytes came: a reader would have had them
+            assert handler.transport is not None and not handler.transport.is_reading()
+            assert unread(waiting) == len(one)  # still in the kernel
+            go_on.set()
+            sock.setblocking(False)
+            got, loop = b"", asyncio.get_running_loop()
+            while got.count(b"\r\n\r\n{}") < 41:
+                data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10)
+                assert data, got
+                got += data
+        finally:
+            sock.close()
