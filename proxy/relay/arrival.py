@@ -141,9 +141,11 @@ class Runner(web.AppRunner):
 
 def take(request: web.BaseRequest, now_ns: int) -> int:
     """The first byte of `request` (by the monotonic clock), else `now_ns` (the handler's start)."""
-    stamps: deque[tuple[object, int]] | None = getattr(request.protocol, "_stamps", None)
+    stamps: deque[tuple[object, int]] | None = getattr(request.protocol, "_stamps", None)  # a _StampingHandler's
+    if not stamps:  # the arrival fast path is off: aiohttp's own handler, no private name read
+        return now_ns
     message = getattr(request, "_message", None)
-    if not stamps or message is None:
+    if message is None:
         return now_ns
     for i, (parsed, stamp) in enumerate(stamps):
         if parsed is message:
