@@ -191,6 +191,7 @@ def test_the_package_bound_and_the_probes_agree() -> None:
 def test_serve_names_a_path_the_probe_refused() -> None:
     assert fast_paths.FastPaths("3.14.5").refusal_note() is None
     assert fast_paths.FastPaths("3.14.5", {"arrival": "turned off (LLMTAP_FAST_PATHS)"}).refusal_note() is None
+    assert fast_paths.FastPaths("3.14.5", {"kernel_stamps": "not Linux: no SO_TIMESTAMPNS (this system)"}).refusal_note() is None
     refused = {n: "aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on"
                for n in fast_paths.NAMES}
     assert fast_paths.FastPaths("3.15.0", refused).refusal_note() == (

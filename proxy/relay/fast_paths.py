@@ -33,6 +33,7 @@ from aiohttp import web
 from proxy.relay import kernel_timing
 
 ENV = "LLMTAP_FAST_PATHS"
+SYSTEM = "this system"  # the end of a refusal that no aiohttp release changes (kernel_stamps off macOS)
 NAMES = ("body_pipe", "arrival", "headers_later", "conn_timing", "kernel_stamps")
 OLDEST, NEWEST = (3, 14, 0), (3, 14, 5)  # pyproject.toml's floor; the last release tested
 
@@ -62,8 +63,9 @@ class FastPaths:
         return name not in self.refused
 
     def refusal_note(self) -> str | None:
-        """serve's start-up line when the probe (not LLMTAP_FAST_PATHS) turned a path off."""
-        refused = [name for name, why in self.refused.items() if not why.endswith(f"({ENV})")]
+        """serve's start-up line when the probe turned a path off for this aiohttp (not one turned off
+        by LLMTAP_FAST_PATHS, nor kernel stamps on a system without them)."""
+        refused = [name for name, why in self.refused.items() if not expected(why)]
         if not refused:
             return None
         return (f"llmtap: aiohttp {self.aiohttp}: {', '.join(refused)} on the public path (slower, as correct): "
@@ -87,8 +89,13 @@ def probe(env: Mapping[str, str] = os.environ) -> FastPaths:
     for name in forced_off(env.get(ENV, "")):
         refused[name] = f"turned off ({ENV})"
     if "kernel_stamps" not in refused and (why := kernel_timing.refusal()) is not None:
-        refused["kernel_stamps"] = why
+        refused["kernel_stamps"] = f"{why} ({SYSTEM})"
     return FastPaths(aiohttp.__version__, refused)
+
+
+def expected(why: str) -> bool:
+    """A path turned off by `LLMTAP_FAST_PATHS` or one this system lacks: nothing to warn about."""
+    return why.endswith((f"({ENV})", f"({SYSTEM})"))
 
 
 def forced_off(value: str) -> tuple[str, ...]:

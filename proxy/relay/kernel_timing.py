@@ -61,7 +61,7 @@ def refusal() -> str | None:
     receive time (checked once, by fast_paths.probe at serve's start)."""
     global _HOLDER
     if sys.platform != "linux" or not _ANCILLARY:
-        return "not Linux (no SO_TIMESTAMPNS)"
+        return "not Linux: no SO_TIMESTAMPNS"
     holder, kept = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), False
     try:
         holder.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
