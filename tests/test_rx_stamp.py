@@ -254,8 +254,10 @@ async def test_the_next_requests_reader_leaves_a_connection_aiohttp_holds_alone(
         sock = socket.create_connection(("127.0.0.1", int(p.url.rsplit(":", 1)[1])))
         try:
             sock.sendall(one * 40)
-            handler = await wait_until(lambda: next((h for h in p.runner.server.connections  # type: ignore[union-attr]
-                                                     if kernel_timing.held(h)), None), what="aiohttp holding the connection")
+            server = p.runner.server
+            assert server is not None
+            handler = await wait_until(lambda: next((h for h in server.connections if kernel_timing.held(h)), None),
+                                       what="aiohttp holding the connection")
             sock.sendall(one)  # one more while it holds
             waiting = handler.transport.get_extra_info("socket")  # type: ignore[union-attr]
             await wait_until(lambda: unread(waiting) == len(one), what="the request in the proxy's kernel")

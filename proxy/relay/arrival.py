@@ -123,10 +123,10 @@ class _KernelStampingServer(_StampingServer):
 
 class Runner(web.AppRunner):
     """`web.AppRunner` whose connections stamp each request's first byte: the `arrival` fast path,
-    with `stamps` (proxy/relay/fast_paths.py); by the kernel's receive time with `kernel` too. Without it, aiohttp's own connections, and `take` gives the
-    handler's start: later than the first byte by the time the headers took to come and be parsed
-    (a few tenths of a millisecond on loopback at low load; a slow client's headers, or a busy loop,
-    add theirs)."""
+    with `stamps` (proxy/relay/fast_paths.py); by the kernel's receive time with `kernel` too
+    (`kernel_stamps`). Without it, aiohttp's own connections, and `take` gives the handler's start:
+    later than the first byte by the time the headers took to come and be parsed (a few tenths of a
+    millisecond on loopback at low load; a slow client's headers, or a busy loop, add theirs)."""
 
     def __init__(self, app: web.Application, *, stamps: bool = True, kernel: bool = False, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)

@@ -13,8 +13,8 @@ A path is refused (the public one runs) when aiohttp is outside `OLDEST`..`NEWES
 release the fast paths were last tested with: `.ci/run` runs the stream tests with them on and off),
 when a class it touches is not shaped as it was there (slots, method signatures, attributes), for
 `kernel_stamps` where the kernel gives no receive stamp (not Linux), or when `LLMTAP_FAST_PATHS` turns
-it off: `off` for all, `off:body_pipe,arrival` for some. The probe runs when serve starts (`probe`). Health
-(`/_llmtap/health`) and `llmtap doctor` say which are on and why the others are not.
+it off: `off` for all, `off:body_pipe,arrival` for some. The probe runs when serve starts (`probe`).
+Health (`/_llmtap/health`) and `llmtap doctor` say which are on and why the others are not.
 docs/development.md lists every private name and what to run before raising `NEWEST`.
 """
 
