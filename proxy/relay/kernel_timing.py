@@ -97,7 +97,7 @@ def _stamps_a_loopback_pair() -> bool:
 def held(protocol: object) -> bool:
     """aiohttp's own flow control holds the connection's reading; a protocol without its flags
     (an aiohttp shaped otherwise) counts as holding it: then nothing here reads or resumes."""
-    return any(getattr(protocol, name, True) for name in FLOW_FIELDS)
+    return bool(getattr(protocol, "_reading_paused", True) or getattr(protocol, "_buffer_paused", True))
 
 
 def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
