@@ -66,7 +66,7 @@ OK    OPENAI_API_KEY (7 chars, {key_fingerprint({"x-api-key": "sk-test"})}): wel
 OK    ANTHROPIC_BASE_URL=http://127.0.0.1:{port}: goes through the running llmtap serve
 OK    OPENAI_BASE_URL=http://127.0.0.1:{port}/v1: goes through the running llmtap serve
 OK    llmtap serve: running at http://127.0.0.1:{port} (pid {pid}), recording to {db}
-OK    fast paths: body_pipe, arrival, headers_later, conn_timing on in the running llmtap serve (aiohttp {aiohttp.__version__})
+OK    fast paths: body_pipe, arrival, headers_later, conn_timing, kernel_stamps on in the running llmtap serve (aiohttp {aiohttp.__version__})
 OK    port {port} on 127.0.0.1: used by the running llmtap serve
 OK    database {db}: held by the running llmtap serve (pid {pid}); llmtap sql/report query it through it
 OK    upstream http://127.0.0.1:{sim_port}: TCP: connected to 127.0.0.1:{sim_port}

@@ -143,12 +143,15 @@ def health(state: AppState) -> dict[str, Any]:
 
 def fast_paths(state: AppState) -> dict[str, Any]:
     """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
-    and whether arrivals are dated by the kernel's receive time (proxy/relay/rx_stamp.py)."""
-    from proxy.relay import rx_stamp
-
+    and `kernel_stamps`: the moments the kernel dates in this process (proxy/relay/kernel_timing.py):
+    `arrival` (a request's first byte), `upstream` (the handshake's round trip, the request's write,
+    a plain-http answer's first byte), `tls_flight` (a TLS 1.3 upstream's first flight)."""
     connector = state.upstream_session.connector if state.upstream_session is not None else None
     found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
-    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
+    upstream = bool(getattr(connector, "kernel", False))
+    where = {"arrival": state.fast.on("arrival") and state.fast.on("kernel_stamps"), "upstream": upstream,
+             "tls_flight": upstream and bool(getattr(connector, "hooked", False))}
+    return {**found, "kernel_stamps": [name for name, on in where.items() if on]}
 
 
 async def metrics(state: AppState) -> web.Response:

@@ -190,8 +190,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     cfg = state.config
     # measuring, the connector stamps each request's connection moments (proxy/relay/conn_timing.py)
     pool: dict[str, Any] = dict(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30, ssl=client_ssl_context(cfg.ca_bundle))
-    connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
-                 else aiohttp.TCPConnector(**pool))
+    fast = state.fast
+    connector = (conn_timing.TimedConnector(hook_tcp=fast.on("conn_timing"), kernel=fast.on("kernel_stamps"), **pool)
+                 if cfg.measure else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     state.open_session(aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,

@@ -160,9 +160,10 @@ class RunningProxy:
         if self.store is not None:
             self.store.start()
         raise_open_files()  # before the cap of connections is reckoned from it
-        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
-                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS,
-                             keepalive_timeout=self.config.header_timeout_s,  # the head's timeout (conn_limit.py)
+        fast = self.state.fast
+        self.runner = Runner(make_app(self.state), stamps=fast.on("arrival"), kernel=fast.on("kernel_stamps"),
+                             auto_decompress=False, handler_cancellation=True, access_log=None, shutdown_timeout=5.0,
+                             **HTTP_LIMITS, keepalive_timeout=self.config.header_timeout_s,  # the head's timeout
                              max_connections=connection_cap(self.config.max_connections))
         await self.runner.setup()
         try:
@@ -300,7 +301,7 @@ def tune_runtime() -> None:
 def raise_open_files(want: int = 65_536) -> None:
     """Raise the soft limit of open files towards the hard one, as nginx's `worker_rlimit_nofile`
     does: a connection takes two descriptors while its next request is read with the kernel's stamp
-    (proxy/relay/rx_stamp.py), and many Linux logins start at a soft 1,024."""
+    (proxy/relay/kernel_timing.py), and many Linux logins start at a soft 1,024."""
     try:
         import resource
     except ImportError:  # not POSIX
