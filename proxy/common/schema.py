@@ -114,9 +114,13 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     # component of the working directory in its system prompt (Claude Code, Cline) or Codex's
     # environment_context, never from user messages or files
     ("project", "VARCHAR"),
+    # the client's own version and mode, as its User-Agent states them (m011; proxy/meter/clients.py):
+    # `tool` is the name alone
+    ("tool_version", "VARCHAR"),
+    ("tool_mode", "VARCHAR"),
 )
 
-KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
+KINDS = ("generation", "side", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
 
 CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "VARCHAR"),

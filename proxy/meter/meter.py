@@ -39,6 +39,7 @@ from multidict import CIMultiDictProxy
 
 from proxy.meter.clients import tool_from_headers
 from proxy.meter.connection_marks import ConnectionMarks
+from proxy.meter.conversations import inferred_session
 from proxy.meter.decode import DecodeError, StreamDecoder
 from proxy.meter.dialects.base import Dialect
 from proxy.meter.dialects.detect import detect_dialect
@@ -563,7 +564,7 @@ class Meter:
             "method": self.method,
             "path": self.path,
             "dialect": d.name,
-            "tool": tool_from_headers(h),
+            "tool": info.client.tool,
             "user_agent": h.get("user-agent"),
             "tag": self.tag,
             "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
@@ -618,7 +619,11 @@ class Meter:
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
             "project": info.project,
+            "tool_version": info.client.version,
+            "tool_mode": info.client.mode,
         }
+        if row["session_id"] is None:
+            row["session_id"] = inferred_session(row, info.head)
         bounds.text_checked(row)
         return row, self._chunk_rows()
 

@@ -217,3 +217,11 @@ def m008_project(con: duckdb.DuckDBPyConnection) -> None:
     """The project each request's tool says it works in (docs/columns.md `project`). Rows recorded
     before have none: they stay NULL."""
     con.execute("ALTER TABLE requests ADD COLUMN project VARCHAR")
+
+
+@migration
+def m011_client_details(con: duckdb.DuckDBPyConnection) -> None:
+    """The client's version and mode, apart from its name (docs/columns.md `tool_version`, `tool_mode`).
+    Rows recorded before have none: they stay NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN tool_version VARCHAR")
+    con.execute("ALTER TABLE requests ADD COLUMN tool_mode VARCHAR")

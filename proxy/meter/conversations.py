@@ -1,0 +1,79 @@
+"""Sessions for the agents that send no session id (Gemini CLI, Qwen Code, aider): inferred from their history.
+
+An agent resends the whole conversation with every turn, so within one conversation the history only
+grows and its first message stays the same. Requests are followed per stream: the tool, the key and the
+project (the working directory its prompt states). A turn starts a new session (`~` and 12 hex digits
+in `session_id`) when, compared with the stream's last turn:
+- its first message differs (another conversation), or
+- its history is shorter (it started again: two `gemini -p` runs), or
+- its history is as long and the last turn was answered (the same first prompt sent again: a new run,
+  where a retry follows a failure).
+Side requests (`kind` `side`) join the stream's current session and change nothing. The state is this
+process's: with `llmtap serve --workers N` a stream's requests may reach several processes, and each
+infers its own sessions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.meter.request_kind import GENERATION, SIDE
+
+INFERRED_FOR = frozenset({"gemini-cli", "qwen-code", "aider"})
+MAX_STREAMS = 4096  # streams remembered, least recently used forgotten first
+
+Stream = tuple[str, str | None, str | None]  # tool, key fingerprint, project
+
+
+@dataclass
+class _Current:
+    session_id: str
+    head: int | None
+    length: int
+    answered: bool
+
+
+class Conversations:
+    def __init__(self) -> None:
+        self._streams: OrderedDict[Stream, _Current] = OrderedDict()
+        self._lock = threading.Lock()  # the rows of one process may be built on several threads
+
+    def session_id(self, stream: Stream, head: int | None, length: int | None, side: bool, answered: bool) -> str:
+        """The session of one generation (`side`: a side request) of `stream` whose history has `length`
+        messages opening with `head`; `answered`: it got its answer (a 2xx)."""
+        n = length or 0
+        with self._lock:
+            current = self._streams.get(stream)
+            if current is not None:
+                self._streams.move_to_end(stream)
+            if current is not None and current.head == head and (side or _continues(current, n)):
+                if not side:
+                    current.length, current.answered = n, answered
+                return current.session_id
+            current = _Current("~" + secrets.token_hex(6), head, 0 if side else n, answered and not side)
+            self._streams[stream] = current
+            while len(self._streams) > MAX_STREAMS:
+                self._streams.popitem(last=False)
+            return current.session_id
+
+
+def _continues(current: _Current, length: int) -> bool:
+    return length > current.length or (length == current.length and not current.answered)
+
+
+CONVERSATIONS = Conversations()  # the process's: rows of every proxy in it go through this one
+
+
+def inferred_session(row: dict[str, Any], head: int | None) -> str | None:
+    """The inferred session of a request's row (its `tool`, `key_fingerprint`, `project`, `kind`,
+    `message_count`, `status`, `outcome`), or None where it is not inferred."""
+    if row["tool"] not in INFERRED_FOR or row["kind"] not in (GENERATION, SIDE):
+        return None
+    status = row["status"]
+    answered = status is not None and 200 <= status < 300 and row["outcome"] == "ok"
+    stream = (row["tool"], row["key_fingerprint"], row["project"])
+    return CONVERSATIONS.session_id(stream, head, row["message_count"], row["kind"] == SIDE, answered)
