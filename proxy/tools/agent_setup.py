@@ -150,3 +150,34 @@ def _set_lines(text: str, fmt: str, values: dict[str, str], defaults: set[str]) 
         elif key not in defaults:
             lines[at] = _line(fmt, key, value)
     return "\n".join(lines) + "\n"
+
+
+def configured_base_urls(home: Path, config_home: Path) -> list[tuple[str, str, bool]]:
+    """The base URLs the targets' files hold now, for `doctor`: (label, value, whether it wants /v1)."""
+    probe = BaseUrls("http://h", "http://h/v1", gemini="http://h")
+    found = []
+    for tool in TARGETS:
+        for edit in edits(tool, probe, home, config_home, None):
+            for key, wanted in edit.set.items():
+                value = _read(edit, key) if "base" in key.lower() else None
+                if isinstance(value, str):
+                    found.append((f"{edit.path} {key}", value, wanted.endswith("/v1")))
+    return found
+
+
+def _read(edit: FileEdit, key: str) -> Any:
+    try:
+        if edit.format == "json":
+            node: Any = config_files.read_json_object(edit.path)
+            for name in key.split("."):
+                node = node.get(name) if isinstance(node, dict) else None
+            return node
+        text = config_files.read_text(edit.path) or ""
+    except config_files.ConfigFileError:
+        return None
+    sep = "=" if edit.format == "env" else ":"
+    for line in text.splitlines():
+        name, found, value = line.removeprefix("export ").partition(sep)
+        if found and name.strip() == key:
+            return value.strip().strip("'\"")
+    return None
