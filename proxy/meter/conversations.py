@@ -8,7 +8,8 @@ in `session_id`) when, compared with the stream's last turn:
 - its history is shorter (it started again: two `gemini -p` runs), or
 - its history is as long and the last turn was answered (the same first prompt sent again: a new run,
   where a retry follows a failure).
-Side requests (`kind` `side`) join the stream's current session and change nothing. The state is this
+Side requests (`kind` `side`) join the stream's current session and change nothing (one that states no
+project joins its tool and key's latest). The state is this
 process's: with `llmtap serve --workers N` a stream's requests may reach several processes, and each
 infers its own sessions.
 """
@@ -48,6 +49,10 @@ class Conversations:
         n = length or 0
         with self._lock:
             current = self._streams.get(stream)
+            if current is None and side and stream[2] is None:  # a side request states no project
+                current = next((c for s, c in reversed(self._streams.items()) if s[:2] == stream[:2]), None)
+                if current is not None:
+                    return current.session_id
             if current is not None:
                 self._streams.move_to_end(stream)
             if current is not None and current.head == head and (side or _continues(current, n)):
