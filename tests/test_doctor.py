@@ -159,6 +159,7 @@ async def test_the_agents_settings_files_are_checked(tmp_path: Path) -> None:
     code, out, err = await llmtap("doctor", "--port", str(closed_port()), "--db", str(tmp_path / "d.duckdb"), env=env)
     assert code == 1, err
     assert f"FAIL  {home}/.gemini/.env GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787/v1beta: ends in /v1beta" in out
+    assert f"FAIL  {home}/.gemini/settings.json security.auth.selectedType: not set: Gemini CLI exits 41" in out
     assert f"FAIL  {home}/.qwen/.env OPENAI_BASE_URL=http://127.0.0.1:8787: lacks /v1" in out
     assert (f"FAIL  {home}/.config/opencode/opencode.json provider.anthropic.options.baseURL="
             "http://127.0.0.1:8787/v1/messages: is a full endpoint") in out

@@ -505,13 +505,13 @@ class Meter:
                         times[0] if times else None, len(times) + self._over, tokens)
 
     def request_labels(self) -> RequestLabels:
-        """The request's model, tool and session: the tool from its headers, the rest from its body
-        once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
+        """The request's model, tool and session: the tool from its headers (aider's from its body), the rest
+        from its body once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
         tool = tool_from_headers(self.headers)
         if self.request_bytes is None:
             return RequestLabels(None, tool, None)
         info = parse_request(self.path, self.headers, self.request_body, method=self.method)
-        return RequestLabels(info.request_model, tool, info.session_id)
+        return RequestLabels(info.request_model, info.client.tool, info.session_id)  # aider: from its prompt
 
     # -- the row ----------------------------------------------------------------
 
