@@ -17,7 +17,6 @@ infers its own sessions.
 from __future__ import annotations
 
 import secrets
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -39,31 +38,33 @@ class _Current:
 
 
 class Conversations:
+    """The streams' current sessions. A process builds its rows on its event loop's thread; each step here
+    is one dict operation, so another proxy's loop in the same process (tests) cannot corrupt it."""
+
     def __init__(self) -> None:
         self._streams: OrderedDict[Stream, _Current] = OrderedDict()
-        self._lock = threading.Lock()  # the rows of one process may be built on several threads
+        self._latest: dict[tuple[str, str | None], _Current] = {}  # by tool and key: for a side request
 
     def session_id(self, stream: Stream, head: int | None, length: int | None, side: bool, answered: bool) -> str:
         """The session of one generation (`side`: a side request) of `stream` whose history has `length`
         messages opening with `head`; `answered`: it got its answer (a 2xx)."""
         n = length or 0
-        with self._lock:
-            current = self._streams.get(stream)
-            if current is None and side and stream[2] is None:  # a side request states no project
-                current = next((c for s, c in reversed(self._streams.items()) if s[:2] == stream[:2]), None)
-                if current is not None:
-                    return current.session_id
-            if current is not None:
-                self._streams.move_to_end(stream)
-            if current is not None and current.head == head and (side or _continues(current, n)):
-                if not side:
-                    current.length, current.answered = n, answered
-                return current.session_id
-            current = _Current("~" + secrets.token_hex(6), head, 0 if side else n, answered and not side)
-            self._streams[stream] = current
-            while len(self._streams) > MAX_STREAMS:
-                self._streams.popitem(last=False)
+        current = self._streams.get(stream)
+        if current is None and side and stream[2] is None:  # a side request states no project
+            latest = self._latest.get(stream[:2])
+            if latest is not None:
+                return latest.session_id
+        if current is not None and current.head == head and (side or _continues(current, n)):
+            if not side:
+                current.length, current.answered = n, answered
+            self._streams.move_to_end(stream, last=True)
             return current.session_id
+        current = _Current("~" + secrets.token_hex(6), head, 0 if side else n, answered and not side)
+        self._streams[stream] = self._latest[stream[:2]] = current
+        while len(self._streams) > MAX_STREAMS:
+            forgotten, _ = self._streams.popitem(last=False)
+            self._latest.pop(forgotten[:2], None)
+        return current.session_id
 
 
 def _continues(current: _Current, length: int) -> bool:
