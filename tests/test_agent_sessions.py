@@ -87,3 +87,22 @@ async def test_qwen_code_project_and_its_tool_less_request(proxy: RunningProxy) 
     turn, side = rows(proxy)
     assert (turn["tool"], turn["tool_version"], turn["kind"], turn["project"]) == ("qwen-code", "0.24.4", "generation", "api")
     assert side["kind"] == "side" and side["session_id"] == turn["session_id"]
+
+
+async def test_a_side_requests_tokens_are_still_counted(proxy: RunningProxy) -> None:
+    """A side request is no turn, but its tokens are spent: the GenAI metrics count them."""
+    from proxy.observe.metrics import PrometheusMetrics
+    from proxy.record.recorder import on_rows
+
+    from .test_metrics import lbl, samples, value
+
+    metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary, names="legacy")
+    proxy.state.recorder.observe(on_rows(metrics.observe))
+    async with aiohttp.ClientSession() as s:  # a tool-less request: the simulator answers 8 text tokens
+        assert await post(s, proxy.url + "/v1/chat/completions", {"model": "q", "messages": [QWEN_FIRST]},
+                          {**QWEN_UA, "x-sim-tokens": "8"}) == 200
+    [row] = rows(proxy)
+    assert row["kind"] == "side"
+    found = samples(metrics.render()[0].decode())
+    assert value(found, "gen_ai_client_token_usage_sum", **lbl("/", "q", "qwen-code", "2xx"),
+                 gen_ai_token_type="output") == 8
