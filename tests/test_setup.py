@@ -333,3 +333,48 @@ def test_a_config_given_the_client_key_is_owner_only_and_so_are_its_backups(
     path.chmod(0o644)  # unchanged content: nothing written, but still made owner-only
     code, out = invoke(open_dir, tool, "--base-url", URL, "--write")
     assert "nothing written" in out and path.stat().st_mode & 0o777 == 0o600
+
+
+AGENT_FILES = {  # what `setup TOOL --write` leaves in a home without them
+    "gemini-cli": {".gemini/.env": f"GOOGLE_GEMINI_BASE_URL={URL}\n",
+                   ".gemini/settings.json": {"security": {"auth": {"selectedType": "gemini-api-key"}}}},
+    "opencode": {".config/opencode/opencode.json": {"provider": {"anthropic": {"options": {"baseURL": URL + "/v1"}},
+                                                                 "openai": {"options": {"baseURL": URL + "/v1"}}}}},
+    "qwen-code": {".qwen/.env": f"OPENAI_BASE_URL={URL}/v1\n",
+                  ".qwen/settings.json": {"security": {"auth": {"selectedType": "openai"}}}},
+    "aider": {".aider.conf.yml": f'openai-api-base: "{URL}/v1"\n'},
+}
+
+
+@pytest.mark.parametrize("tool", AGENT_FILES)
+def test_the_agents_print_then_write_their_files(tmp_path: Path, tool: str) -> None:
+    code, out = invoke(tmp_path, tool, "--base-url", URL + "/v1", env={"XDG_CONFIG_HOME": None})
+    assert code == 0 and out.endswith(f"# write it there with: llmtap setup {tool} --write\n"), out
+    assert not any((tmp_path / name).exists() for name in AGENT_FILES[tool])
+    code, out = invoke(tmp_path, tool, "--base-url", URL, "--write", env={"XDG_CONFIG_HOME": None})
+    assert code == 0, out
+    for name, expected in AGENT_FILES[tool].items():
+        path = tmp_path / name
+        assert f"wrote {path} (new file, owner-only)" in out
+        assert (json.loads(path.read_text()) if isinstance(expected, dict) else path.read_text()) == expected
+    code, out = invoke(tmp_path, tool, "--base-url", URL, "--write", env={"XDG_CONFIG_HOME": None})
+    assert code == 0 and out.count("already has this configuration: nothing written") == len(AGENT_FILES[tool])
+
+
+def test_the_agents_logins_and_other_lines_are_kept(tmp_path: Path) -> None:
+    """A Google login's selectedType stays; a .env's other lines and the key stay; the old line is replaced;
+    a backup is made of each changed file."""
+    gemini = tmp_path / ".gemini"
+    gemini.mkdir()
+    (gemini / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "oauth-personal"}}}))
+    (gemini / ".env").write_text("GEMINI_API_KEY=AIza-mine\nexport GOOGLE_GEMINI_BASE_URL=http://old\n")
+    code, out = invoke(tmp_path, "gemini-cli", "--base-url", URL, "--write")
+    assert code == 0, out
+    assert json.loads((gemini / "settings.json").read_text())["security"]["auth"]["selectedType"] == "oauth-personal"
+    assert "settings.json already has this configuration" in out
+    assert (gemini / ".env").read_text() == f"GEMINI_API_KEY=AIza-mine\nGOOGLE_GEMINI_BASE_URL={URL}\n"
+    [backup] = backups(gemini / ".env")
+    assert "http://old" in backup.read_text() and backup.stat().st_mode & 0o777 == 0o600
+    (tmp_path / ".aider.conf.yml").write_text("model: openai/m\nopenai-api-base: http://old/v1\n")
+    code, out = invoke(tmp_path, "aider", "--base-url", URL, "--write")
+    assert (tmp_path / ".aider.conf.yml").read_text() == f'model: openai/m\nopenai-api-base: "{URL}/v1"\n'

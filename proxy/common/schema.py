@@ -120,9 +120,13 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("upstream_processing_source", "VARCHAR"),
     ("upstream_engine_ttft_ms", "DOUBLE"),
     ("upstream_overhead_ms", "DOUBLE"),
+    # the client's own version and mode, as its User-Agent states them (m011; proxy/meter/clients.py):
+    # `tool` is the name alone
+    ("tool_version", "VARCHAR"),
+    ("tool_mode", "VARCHAR"),
 )
 
-KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
+KINDS = ("generation", "side", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
 
 CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "VARCHAR"),

@@ -180,7 +180,7 @@ def _entry(snap: Snapshot, labels: Labels, now_ns: int) -> dict[str, Any]:
 
 def finished_entry(row: dict[str, Any]) -> dict[str, Any]:
     entry = {name: row.get(name) for name in FINISHED_FIELDS}
-    if row.get("kind") in ("generation", None):
+    if row.get("kind") in ("generation", "side", None):
         entry["cost_usd"] = row_cost(row)  # as the views' cost_usd: the row itself has no price
     started = row.get("started_at")
     entry["started"] = started.timestamp() if started is not None else None

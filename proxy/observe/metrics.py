@@ -62,7 +62,7 @@ from proxy.common.prices import SUBSCRIPTION_KINDS, load as load_prices, row_cos
 DURATION_BUCKETS = tuple(round(0.01 * 2**k, 2) for k in range(14))
 TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
-GENAI_KINDS = frozenset({"generation", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
+GENAI_KINDS = frozenset({"generation", "side", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
 # The current usage counters: (name part, row column), all with gen_ai_token_modality="unknown"
 USAGE_COUNTERS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
                   ("cache_read_input_tokens", "cache_read_tokens"),

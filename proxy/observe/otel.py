@@ -142,7 +142,7 @@ def operation(row: Mapping[str, Any]) -> str | None:
     kind = row.get("kind")
     if kind == "embedding":
         return "embeddings"
-    if kind not in (None, "generation"):
+    if kind not in (None, "generation", "side"):  # side: a generation beside the turns
         return None
     return OPERATION.get(row.get("dialect") or "")
 

@@ -226,3 +226,11 @@ def m009_upstream_processing(con: duckdb.DuckDBPyConnection) -> None:
     for name, type_ in (("upstream_processing_ms", "DOUBLE"), ("upstream_processing_source", "VARCHAR"),
                         ("upstream_engine_ttft_ms", "DOUBLE"), ("upstream_overhead_ms", "DOUBLE")):
         con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
+
+
+@migration
+def m011_client_details(con: duckdb.DuckDBPyConnection) -> None:
+    """The client's version and mode, apart from its name (docs/columns.md `tool_version`, `tool_mode`).
+    Rows recorded before have none: they stay NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN tool_version VARCHAR")
+    con.execute("ALTER TABLE requests ADD COLUMN tool_mode VARCHAR")

@@ -49,19 +49,20 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         for note in the_plan.notes:
             echo(f"# {note}")
         if not write:
-            if the_plan.file is not None:
+            if the_plan.file is not None or the_plan.edits:
                 echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
+        results = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
     except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
         raise click.ClickException(str(exc)) from None
-    if not result.changed:
-        echo(f"{result.path} already has this configuration: nothing written")
-    else:
-        echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
-                                       else " (new file, owner-only)"))
-    for line in result.tightened_lines():
-        echo(line)
+    for result in results:
+        if not result.changed:
+            echo(f"{result.path} already has this configuration: nothing written")
+        else:
+            echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
+                                           else " (new file, owner-only)"))
+        for line in result.tightened_lines():
+            echo(line)
 
 
 def _client_key(live: LiveProxy | None) -> str | None:
