@@ -217,3 +217,20 @@ def m008_project(con: duckdb.DuckDBPyConnection) -> None:
     """The project each request's tool says it works in (docs/columns.md `project`). Rows recorded
     before have none: they stay NULL."""
     con.execute("ALTER TABLE requests ADD COLUMN project VARCHAR")
+
+
+@migration
+def m010_agent_events(con: duckdb.DuckDBPyConnection) -> None:
+    """What the agents report of themselves over OpenTelemetry (proxy/relay/otlp.py): one row per event,
+    its attributes by an allow-list, never content (docs/columns.md `agent_events`)."""
+    con.execute(
+        """
+        CREATE TABLE agent_events (
+            received_at TIMESTAMPTZ, event_at TIMESTAMPTZ, source VARCHAR, source_version VARCHAR,
+            session_id VARCHAR, event_name VARCHAR, sequence BIGINT, prompt_id VARCHAR,
+            tool_name VARCHAR, call_id VARCHAR, decision VARCHAR, decision_source VARCHAR,
+            duration_ms DOUBLE, success BOOLEAN, model VARCHAR, request_id VARCHAR,
+            attempt INTEGER, status_code INTEGER, input_tokens BIGINT, output_tokens BIGINT
+        )
+        """
+    )

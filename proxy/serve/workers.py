@@ -336,17 +336,18 @@ class AdminRelay:
         self.socket_path, self.token, self.index = socket_path, token, index
         self.session: aiohttp.ClientSession | None = None
 
-    async def __call__(self, request: web.Request, name: str) -> web.StreamResponse:
+    async def __call__(self, request: web.Request, name: str, body: bytes | None = None) -> web.StreamResponse:
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
         headers = {running.TOKEN_HEADER: self.token}  # allowed here (token, or the UI's cookie or login)
-        if content_type := request.headers.get("Content-Type"):
-            headers["Content-Type"] = content_type
+        for name_ in ("Content-Type", "Content-Encoding"):  # an OTLP export's too (proxy/relay/otlp.py)
+            if value := request.headers.get(name_):
+                headers[name_] = value
         url = "http://llmtap-primary" + running.ADMIN_PREFIX + name
         if request.query_string:
             url += "?" + request.query_string
-        body = await request.read()
+        body = await request.read() if body is None else body
         response: web.StreamResponse | None = None
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers,

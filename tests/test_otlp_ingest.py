@@ -1,0 +1,232 @@
+"""The agents' own telemetry received by `llmtap serve` (proxy/relay/otlp.py), on real sockets: the
+OpenTelemetry SDK's own OTLP/HTTP exporter and raw POSTs (protobuf and JSON), the refusals (no token,
+a web page, garbage, 50 MB), and that decoding never runs on the relay's event loop.
+
+(tests/test_otlp_receiver.py is the other direction: llmtap's own spans and metrics, exported.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from google.protobuf import json_format
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from proxy.common import instances as running
+from proxy.meter import agent_events
+from proxy.relay import otlp
+from proxy.simulator.app import Simulator
+
+from .test_serve_process import start_serve, stream_once
+
+SECRETS = ("rm -rf /home/alice/secret-project", "/home/alice/secret-project/notes.txt", "my secret prompt",
+           "alice@example.com", "TOOL-OUTPUT-SECRET")
+
+
+@pytest.fixture
+async def served(sim: Simulator, tmp_path: Path) -> AsyncIterator[tuple[running.AdminClient, str]]:
+    proc, admin = await start_serve(sim.url, tmp_path / "otlp.duckdb", "--quiet")
+    token = (Path(os.environ["LLMTAP_HOME"]) / "telemetry-token").read_text().strip()
+    try:
+        yield admin, token
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def claude_code_export(session: str = "sess-1", call: str = "toolu_01") -> dict[str, Any]:
+    """An export as Claude Code 2.1.197 sends it with OTEL_LOG_USER_PROMPTS=1 and OTEL_LOG_TOOL_DETAILS=1
+    (docs/tools.md): content in `prompt`, `tool_parameters`, `tool_input`, which is never stored."""
+    def record(name: str, **attrs: Any) -> dict[str, Any]:
+        base = {"event.name": name, "event.timestamp": "2026-12-05T10:00:00.500Z", "session.id": session,
+                "prompt.id": "p-1", "user.email": SECRETS[3], "event.sequence": 3}
+        pairs = [{"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}}
+                 for k, v in {**base, **attrs}.items()]
+        return {"timeUnixNano": "1796464800500000000", "body": {"stringValue": f"claude_code.{name}"},
+                "attributes": pairs}
+    details = orjson.dumps({"bash_command": SECRETS[0], "file_path": SECRETS[1]}).decode()
+    return {"resourceLogs": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "claude-code"}},
+                                    {"key": "service.version", "value": {"stringValue": "2.1.197"}}]},
+        "scopeLogs": [{"scope": {"name": "com.anthropic.claude_code.events"}, "logRecords": [
+            record("user_prompt", prompt=SECRETS[2], prompt_length=16),
+            record("tool_decision", decision="accept", source="user_temporary", tool_name="Bash", tool_use_id=call),
+            record("tool_result", tool_name="Bash", tool_use_id=call, success="true", duration_ms=1262,
+                   tool_parameters=details, tool_input=SECRETS[0], tool_result=SECRETS[4]),
+            record("api_request", model="claude-sonnet-4-5", duration_ms=2400, input_tokens=1200, output_tokens=40),
+            {"body": {"stringValue": SECRETS[2]}, "attributes": []},  # a log that is no event: not kept
+        ]}]}]}
+
+
+async def post(s: aiohttp.ClientSession, url: str, body: bytes, content_type: str, token: str | None,
+               **headers: str) -> tuple[int, bytes, str]:
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with s.post(url + otlp.PREFIX + "v1/logs", data=body,
+                      headers={"Content-Type": content_type, **headers}) as r:
+        return r.status, await r.read(), r.content_type
+
+
+async def sql(admin: running.AdminClient, query: str) -> list[tuple[Any, ...]]:
+    (_columns, _types, rows), _ = await asyncio.to_thread(admin.sql, query)
+    return rows
+
+
+def rpc_status(body: bytes, content_type: str) -> Status:
+    status = Status()
+    if content_type == agent_events.JSON:
+        json_format.Parse(body, status)
+    else:
+        status.ParseFromString(body)
+    return status
+
+
+async def test_the_sdk_exporter_and_a_json_export_are_stored_without_content(served: Any) -> None:
+    admin, token = served
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.resources import Resource
+
+    def export_with_the_sdk() -> None:  # protobuf, as every OTel SDK sends it by default
+        exporter = OTLPLogExporter(endpoint=admin.url + otlp.PREFIX + "v1/logs",
+                                   headers={"Authorization": f"Bearer {token}"})
+        provider = LoggerProvider(resource=Resource.create({"service.name": "codex_exec"}))
+        provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+        logger = provider.get_logger("codex")
+        logger.emit(body="codex.tool_result", attributes={
+            "event.name": "codex.tool_result", "conversation.id": "conv-9", "call_id": "call_7",
+            "tool_name": "exec_command", "duration_ms": 1204, "success": "true",
+            "arguments": SECRETS[0], "output": SECRETS[4]})
+        provider.shutdown()
+
+    await asyncio.to_thread(export_with_the_sdk)
+    async with aiohttp.ClientSession() as s:
+        status, body, kind = await post(s, admin.url, orjson.dumps(claude_code_export()), "application/json", token)
+    assert (status, body, kind) == (200, b"{}", "application/json")
+    rows = await sql(admin, "SELECT source, session_id, event_name, tool_name, call_id, decision, decision_source, "
+                            "duration_ms, success, sequence, prompt_id, input_tokens FROM agent_events "
+                            "ORDER BY source, event_name")
+    assert rows == [
+        ("claude-code", "sess-1", "claude_code.api_request", None, None, None, None, 2400.0, None, 3, "p-1", 1200),
+        ("claude-code", "sess-1", "claude_code.tool_decision", "Bash", "toolu_01", "accept", "user_temporary",
+         None, None, 3, "p-1", None),
+        ("claude-code", "sess-1", "claude_code.tool_result", "Bash", "toolu_01", None, None, 1262.0, True, 3, "p-1",
+         None),
+        ("claude-code", "sess-1", "claude_code.user_prompt", None, None, None, None, None, None, 3, "p-1", None),
+        ("codex_exec", "conv-9", "codex.tool_result", "exec_command", "call_7", None, None, 1204.0, True, None, None,
+         None),
+    ]
+    (event_at,) = (await sql(admin, "SELECT DISTINCT event_at FROM agent_events WHERE source = 'claude-code'"))[0]
+    assert datetime.fromisoformat(event_at) == datetime(2026, 12, 5, 10, 0, 0, 500000, tzinfo=timezone.utc)
+    everything = orjson.dumps(await sql(admin, "SELECT * FROM agent_events"), default=str).decode()
+    assert not [secret for secret in SECRETS if secret in everything]
+
+
+async def test_refused_a_web_page_a_missing_token_garbage_and_nothing_stored(served: Any) -> None:
+    admin, token = served
+    export = orjson.dumps(claude_code_export())
+    protobuf = ExportLogsServiceRequest()
+    json_format.Parse(export, protobuf)
+    async with aiohttp.ClientSession() as s:
+        refused = [
+            await post(s, admin.url, export, "application/json", None),
+            await post(s, admin.url, export, "application/json", "llmtap-otlp-wrong"),
+            await post(s, admin.url, export, "application/json", admin.token),  # the admin token is not this one
+            await post(s, admin.url, export, "text/plain", token, Origin="https://evil.example"),
+            await post(s, admin.url, export, "application/json", token, Origin="https://evil.example"),
+            await post(s, admin.url, export, "application/json", token, **{"Sec-Fetch-Site": "cross-site"}),
+            await post(s, admin.url, b"\x0a\xff\xff\xff\xff garbage", "application/x-protobuf", token),
+            await post(s, admin.url, b"{not json", "application/json", token),
+            await post(s, admin.url, b'{"resourceLogs": 7}', "application/json", token),
+            await post(s, admin.url, export, "text/plain", token),
+        ]
+        async with s.options(admin.url + otlp.PREFIX + "v1/logs", headers={
+                "Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization"}) as r:
+            preflight = r.status, r.headers.get("Access-Control-Allow-Origin")
+        ok = await post(s, admin.url, protobuf.SerializeToString(), "application/x-protobuf", token)
+    assert [status for status, _, _ in refused] == [401, 401, 401, 403, 403, 403, 400, 400, 400, 415]
+    assert [rpc_status(body, kind).code for _, body, kind in refused] == [16, 16, 16, 7, 7, 7, 3, 3, 3, 3]
+    assert preflight == (403, None)
+    assert ok == (200, b"", "application/x-protobuf")
+    assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4,)]  # the one export allowed, only
+    assert await sql(admin, "SELECT status, error_type FROM requests WHERE path LIKE '/_llmtap/otlp/%' ORDER BY 1, 2") \
+        == [(401, "telemetry_unauthenticated")] * 3 + [(403, "refused_web_page")] * 4
+
+
+def post_blocking(url: str, body: Any, token: str) -> tuple[int, int]:
+    """A POST of `body` (bytes: with its Content-Length; an iterable: chunked); its status and rpc code."""
+    request = urllib.request.Request(url + otlp.PREFIX + "v1/logs", data=body, method="POST", headers={
+        "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, 0
+    except urllib.error.HTTPError as exc:
+        return exc.code, rpc_status(exc.read(), agent_events.PROTOBUF).code
+
+
+def health_lag(admin: running.AdminClient) -> float:
+    health = admin.health()
+    assert health is not None
+    return float(health["event_loop_lag"]["max_ms"])
+
+
+async def test_a_big_export_is_decoded_off_the_event_loop_and_50_mb_get_a_413(served: Any) -> None:
+    """An export under the limit that takes its decoder a long while (OTLP/JSON's json_format: over a second
+    for 4 MiB) is decoded while streams relay: were it decoded on the event loop, the loop would stall that
+    long, and its lag (health's, sampled every 50 ms) would show it. Then 50 MB, declared and chunked: 413s,
+    and the streams meanwhile as fast as before."""
+    admin, token = served
+    record = claude_code_export()["resourceLogs"][0]["scopeLogs"][0]["logRecords"][2]
+    big = claude_code_export()
+    big["resourceLogs"][0]["scopeLogs"][0]["logRecords"] = [record] * 4000
+    body = orjson.dumps(big)
+    assert len(body) < otlp.MAX_EXPORT_BYTES
+    started = time.perf_counter()
+    agent_events.decode_logs(body, "application/json", None, otlp.MAX_EXPORT_BYTES, datetime.now(timezone.utc))
+    decode_ms = (time.perf_counter() - started) * 1000
+    assert decode_ms > 500  # what a stall would be, were it on the loop
+
+    async with aiohttp.ClientSession() as s:
+        for _ in range(5):
+            await stream_once(s, admin.url)
+        before = await sql(admin, "SELECT max(ttft_ms) FROM requests")
+        assert health_lag(admin) < decode_ms / 4
+        streams = asyncio.gather(*(stream_once(s, admin.url) for _ in range(20)))
+        status, _, _ = await post(s, admin.url, body, "application/json", token)
+        await streams
+        assert status == 200
+        assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4000,)]
+        lag_ms = await asyncio.to_thread(health_lag, admin)
+        assert lag_ms < decode_ms / 4, f"the loop stalled {lag_ms} ms for a {decode_ms:.0f} ms decode"
+
+        # sent from a thread: the simulated upstream shares this test's event loop
+        fifty = b"x" * (50 * 1024 * 1024)
+        streams = asyncio.gather(*(stream_once(s, admin.url) for _ in range(10)))
+        declared = await asyncio.to_thread(post_blocking, admin.url, fifty, token)
+        sent_chunked = await asyncio.to_thread(post_blocking, admin.url, (fifty[i:i + (1 << 20)] for i in
+                                                                           range(0, len(fifty), 1 << 20)), token)
+        await streams
+    assert declared == sent_chunked == (413, 8)
+    assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4000,)]
+    (after,) = await sql(admin, "SELECT max(ttft_ms) FROM requests WHERE path = '/v1/chat/completions'")
+    assert after[0] < before[0][0] * 3 + 30, (before, after)
