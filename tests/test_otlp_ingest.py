@@ -164,13 +164,22 @@ async def test_refused_a_web_page_a_missing_token_garbage_and_nothing_stored(ser
                 "Access-Control-Request-Headers": "authorization"}) as r:
             preflight = r.status, r.headers.get("Access-Control-Allow-Origin")
         ok = await post(s, admin.url, protobuf.SerializeToString(), "application/x-protobuf", token)
+        async with s.post(f"{admin.url}{otlp.PREFIX}{token}/v1/logs", data=export,  # the token as the endpoint's
+                          headers={"Content-Type": "application/json"}) as r:  # segment: Gemini CLI's settings
+            in_path = r.status
+        async with s.post(f"{admin.url}{otlp.PREFIX}llmtap-otlp-guessed/v1/logs", data=export,
+                          headers={"Content-Type": "application/json"}) as r:
+            wrong_in_path = r.status
     assert [status for status, _, _ in refused] == [401, 401, 401, 403, 403, 403, 400, 400, 400, 415]
     assert [rpc_status(body, kind).code for _, body, kind in refused] == [16, 16, 16, 7, 7, 7, 3, 3, 3, 3]
     assert preflight == (403, None)
     assert ok == (200, b"", "application/x-protobuf")
-    assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4,)]  # the one export allowed, only
-    assert await sql(admin, "SELECT status, error_type FROM requests WHERE path LIKE '/_llmtap/otlp/%' ORDER BY 1, 2") \
-        == [(401, "telemetry_unauthenticated")] * 3 + [(403, "refused_web_page")] * 4
+    assert (in_path, wrong_in_path) == (200, 401)
+    assert await sql(admin, "SELECT count(*) FROM agent_events") == [(8,)]  # the two exports allowed, only
+    assert await sql(admin, "SELECT path, status, error_type FROM requests WHERE path LIKE '/_llmtap/otlp/%' "
+                            "ORDER BY 2, 3") == \
+        [("/_llmtap/otlp/v1/logs", 401, "telemetry_unauthenticated")] * 4 + \
+        [("/_llmtap/otlp/v1/logs", 403, "refused_web_page")] * 4
 
 
 def post_blocking(url: str, body: Any, token: str) -> tuple[int, int]:

@@ -35,8 +35,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     path, query = split_raw_path(request.raw_path)
     if path.startswith(otlp.PREFIX):  # the agents' own telemetry: its token, not the admin one
 
-        def telemetry_refused(status: int, code: str, message: str) -> None:
-            _record_local(request, path, received, status, Outcome.HTTP_ERROR, (code, message))
+        def telemetry_refused(where: str, status: int, code: str, message: str) -> None:
+            _record_local(request, where, received, status, Outcome.HTTP_ERROR, (code, message))
 
         return await otlp.handle(request, path[len(otlp.PREFIX):], telemetry_refused)
     if path.startswith(ADMIN_PREFIX):

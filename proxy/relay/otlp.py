@@ -4,8 +4,9 @@ The OTel SDKs append `/v1/logs`, `/v1/metrics` and `/v1/traces` to the endpoint.
 JSON, become `agent_events` rows (proxy/meter/agent_events.py: an allow-list, never content); metrics
 and traces are answered with success and not kept (the timeline uses none of them).
 
-Who may post: a request carrying the telemetry token (`Authorization: Bearer`, kept owner-only beside
-the client key: `client_key.telemetry_token`, written into each tool's settings by `llmtap setup`), from
+Who may post: a request carrying the telemetry token (`Authorization: Bearer`, or the endpoint's last
+segment, `/_llmtap/otlp/<token>`, for a CLI that sends no headers; kept owner-only beside the client key:
+`client_key.telemetry_token`, written into each tool's settings by `llmtap setup`), from
 a loopback peer (any, with --allow-remote). Another Unix user cannot read the token; a web page cannot
 send `Authorization` cross-site without a CORS preflight, which is refused here, as is any request that
 carries an `Origin` or a cross-site `Sec-Fetch-Site`.
@@ -42,22 +43,29 @@ RETRY_AFTER_S = 1
 # google.rpc.Code of each status answered (OTLP/HTTP: the body of an error is a google.rpc.Status)
 _CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 413: 8, 415: 3, 429: 8, 503: 14}
 
-Refused = Callable[[int, str, str], None]  # status, code, message: the caller leaves a row
+Refused = Callable[[str, int, str, str], None]  # path (never a token), status, code, message: for a row
 
 
-async def handle(request: web.Request, signal: str, refused: Refused) -> web.StreamResponse:
-    """A request under PREFIX on the relay's port: checked, then received here or (a `serve --workers`
-    worker) by the primary, which holds the database."""
+async def handle(request: web.Request, rest: str, refused: Refused) -> web.StreamResponse:
+    """A request under PREFIX on the relay's port (`rest`: the path after it): checked, then received here
+    or (a `serve --workers` worker) by the primary, which holds the database."""
     state = request.app[STATE]
-    json = _wants_json(request)
-    if (refusal := _refusal(request, state)) is not None:
+    in_path, signal = _token_in_path(rest)
+    if (refusal := _refusal(request, state, in_path)) is not None:
         status, code, message = refusal
-        refused(status, code, message)
-        return error(status, message, json)
+        refused(PREFIX + signal, status, code, message)
+        return error(status, message, _wants_json(request))
     return await receive(request, state, signal)
 
 
-def _refusal(request: web.Request, state: AppState) -> tuple[int, str, str] | None:
+def _token_in_path(rest: str) -> tuple[str | None, str]:
+    """`<token>/v1/logs` -> (token, "v1/logs"): the endpoint may carry the token as its last segment, for a
+    CLI whose settings send no headers (Gemini CLI's `telemetry.otlpEndpoint`)."""
+    first, _, after = rest.partition("/")
+    return (None, rest) if first == "v1" or not after else (first, after)
+
+
+def _refusal(request: web.Request, state: AppState, in_path: str | None) -> tuple[int, str, str] | None:
     headers = request.headers
     site = headers.get("Sec-Fetch-Site")
     if request.method == "OPTIONS" or "Origin" in headers or site not in (None, "none"):
@@ -65,7 +73,8 @@ def _refusal(request: web.Request, state: AppState) -> tuple[int, str, str] | No
     if not (is_loopback(request.remote) or state.config.allow_remote):
         return 403, "telemetry_forbidden", "llmtap: telemetry is received from this machine only (--allow-remote)"
     auth = headers.get("Authorization", "")
-    if not (auth[:7].lower() == "bearer " and same_secret(auth[7:].strip(), state.telemetry_token)):
+    sent = auth[7:].strip() if auth[:7].lower() == "bearer " else in_path
+    if sent is None or not same_secret(sent, state.telemetry_token):
         return 401, "telemetry_unauthenticated", ("llmtap: telemetry needs the token `llmtap setup TOOL` writes "
                                                   "(OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer ...)")
     return None
