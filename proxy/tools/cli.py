@@ -11,6 +11,8 @@ from proxy.common.instances import DEFAULT_URL, LiveProxy, find_running
 from proxy.common.terminal_text import echo
 from proxy.tools.endpoint import base_urls, strip_v1
 from proxy.tools.setup import CODEX_LOGINS, TOOLS
+from proxy.tools.telemetry_setup import TOOLS as TELEMETRY_TOOLS
+from proxy.tools.telemetry_setup import Telemetry
 
 
 @click.command()
@@ -26,8 +28,10 @@ from proxy.tools.setup import CODEX_LOGINS, TOOLS
               help="Codex: how it signs in (default: read from its auth.json; a ChatGPT login is kept).")
 @click.option("--data-dir", "cline_data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Cline's --data-dir (default: $CLINE_DATA_DIR, else ~/.cline/data).")
+@click.option("--no-telemetry", is_flag=True,
+              help="Leave out the tool's own OpenTelemetry to llmtap (Claude Code, Codex: its tool runs and approvals).")
 def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
-          codex_login: str | None, cline_data_dir: Path | None) -> None:
+          codex_login: str | None, cline_data_dir: Path | None, no_telemetry: bool) -> None:
     """Print (or --write) the config that points TOOL at llmtap."""
     from proxy.settings.client_key import SecretFileError
     from proxy.tools import config_files
@@ -42,7 +46,8 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
     where = Locations.from_env(codex_home=codex_home, cline_data_dir=cline_data_dir)
     try:
         key = _client_key(live)
-        the_plan = plan(tool, urls, where, env_key, codex_login, key)
+        telemetry = None if no_telemetry else _telemetry(tool, live.url if live else base_url or DEFAULT_URL)
+        the_plan = plan(tool, urls, where, env_key, codex_login, key, telemetry)
         if the_plan.file is not None:
             echo(f"# {the_plan.file}")
         echo(the_plan.text, nl=False)
@@ -52,7 +57,7 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
             if the_plan.file is not None:
                 echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
+        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key, telemetry=telemetry)
     except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
         raise click.ClickException(str(exc)) from None
     if not result.changed:
@@ -62,6 +67,19 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
                                        else " (new file, owner-only)"))
     for line in result.tightened_lines():
         echo(line)
+
+
+def _telemetry(tool: str, url: str) -> Telemetry | None:
+    """Where the tool's own OpenTelemetry goes (the proxy's root URL), with the token; None for a tool without."""
+    import urllib.parse
+
+    from proxy.common import paths
+    from proxy.settings.client_key import telemetry_token
+
+    if tool not in TELEMETRY_TOOLS:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    return Telemetry(f"{parts.scheme}://{parts.netloc}", telemetry_token(), str(paths.telemetry_token_path()))
 
 
 def _client_key(live: LiveProxy | None) -> str | None:
