@@ -31,7 +31,12 @@ from proxy.meter import agent_events
 from proxy.relay import otlp
 from proxy.simulator.app import Simulator
 
+from .conftest import proxy_config, rows
+from .serving import RunningProxy
+from .test_real_cli_sessions import check_tool_span, command, scripted
+from .test_real_clis import CLAUDE_QUIET, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
 from .test_serve_process import start_serve, stream_once
+from .waiting import wait_until
 
 SECRETS = ("rm -rf /home/alice/secret-project", "/home/alice/secret-project/notes.txt", "my secret prompt",
            "alice@example.com", "TOOL-OUTPUT-SECRET")
@@ -239,3 +244,43 @@ async def test_a_big_export_is_decoded_off_the_event_loop_and_50_mb_get_a_413(se
     assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4000,)]
     (after,) = await sql(admin, "SELECT max(ttft_ms) FROM requests WHERE path = '/v1/chat/completions'")
     assert after[0] < before[0][0] * 3 + 30, (before, after)
+
+
+@pytest.mark.real_cli
+@pytest.mark.timeout(300)
+async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Path, tmp_path: Path) -> None:
+    """`claude -p --allowedTools Bash`, set up by `llmtap setup claude-code --write` (telemetry on), runs a
+    command that notes its own start and end: its tool_decision and tool_result reach agent_events with
+    the wire's session id and `tool_use` id, and the three accounts of the run are printed."""
+    marks = tmp_path / "marks"
+    cfg = scripted("Bash", {"command": command(marks), "description": "Sleep a while"})
+    home = tmp_path / "home"
+    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None})
+        quiet = {k: v for k, v in CLAUDE_QUIET.items() if k != "DISABLE_TELEMETRY"}
+        env = base_env(home, **quiet)
+        code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
+                                        "--allowedTools", "Bash"], env, tmp_path)
+        assert code == 0, out + err
+
+        def events() -> list[dict[str, Any]]:
+            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
+
+        await wait_until(lambda: any(e["event_name"] == "claude_code.tool_result" for e in events()),
+                         what="Claude Code's tool_result in agent_events")
+        wire = rows(p, "SELECT session_id, tool_calls FROM requests WHERE tool_calls IS NOT NULL")
+        agent = events()
+    [(session_id, calls)] = [(w["session_id"], w["tool_calls"]) for w in wire]
+    print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision_source']} "
+                           f"{e['duration_ms']}" for e in agent))
+    found = {e["event_name"]: e for e in agent if e["call_id"] is not None}
+    decision, result = found["claude_code.tool_decision"], found["claude_code.tool_result"]
+    assert decision["call_id"] == result["call_id"] == calls[0]["id"]
+    assert decision["session_id"] == result["session_id"] == session_id
+    assert (decision["decision"], decision["decision_source"], result["tool_name"]) == ("accept", "config", "Bash")
+    times = [float(t) for t in marks.read_text().split()]
+    command_ms = (times[1] - times[0]) * 1000
+    figures = check_tool_span(tmp_path / "llmtap.duckdb", marks, "Bash")
+    assert command_ms <= result["duration_ms"] + 5 <= figures["span_s"] * 1000 + 10
+    print(f"\nClaude Code Bash: the command's own run {command_ms:.0f} ms, Claude Code's duration_ms "
+          f"{result['duration_ms']:.0f}, llmtap's tool span {figures['span_s'] * 1000:.0f} ms")
