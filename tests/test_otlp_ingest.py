@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import duckdb
 import orjson
 import pytest
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from analysis.agent_account import create_agent_views
+from analysis.views import create_views
 from proxy.common import instances as running
 from proxy.meter import agent_events
 from proxy.relay import otlp
@@ -187,6 +190,22 @@ async def test_refused_a_web_page_a_missing_token_garbage_and_nothing_stored(ser
         [("/_llmtap/otlp/v1/logs", 403, "refused_web_page")] * 4
 
 
+def accounts(db: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `tool_run_accounts` and `api_request_accounts` views of a database file (analysis/agent_account.py)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        create_views(con)
+        assert create_agent_views(con)
+        found = []
+        for view in ("tool_run_accounts", "api_request_accounts"):
+            cur = con.execute(f"SELECT * FROM {view} ORDER BY 1, 2, 3")
+            names = [d[0] for d in cur.description]
+            found.append([dict(zip(names, row)) for row in cur.fetchall()])
+        return found[0], found[1]
+    finally:
+        con.close()
+
+
 def post_blocking(url: str, body: Any, token: str) -> tuple[int, int]:
     """A POST of `body` (bytes: with its Content-Length; an iterable: chunked); its status and rpc code."""
     request = urllib.request.Request(url + otlp.PREFIX + "v1/logs", data=body, method="POST", headers={
@@ -284,3 +303,10 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
     assert command_ms <= result["duration_ms"] + 5 <= figures["span_s"] * 1000 + 10
     print(f"\nClaude Code Bash: the command's own run {command_ms:.0f} ms, Claude Code's duration_ms "
           f"{result['duration_ms']:.0f}, llmtap's tool span {figures['span_s'] * 1000:.0f} ms")
+    [run], api = accounts(tmp_path / "llmtap.duckdb")
+    assert (run["accounts"], run["call_id"], run["approval_ms"], run["tool_ms"]) == (
+        "wire+agent", calls[0]["id"], None, result["duration_ms"])
+    assert run["agent_ms"] == pytest.approx(run["span_ms"] - run["tool_ms"])
+    assert len(api) == 2 and all(a["request_id"] is not None and a["client_ms"] >= 0 for a in api), api
+    print("\n".join(f"  API request: Claude Code {a['agent_ms']:.0f} ms, llmtap's E2E {a['wire_e2e_ms']:.0f} ms, "
+                    f"the agent's client-side time {a['client_ms']:.0f} ms" for a in api))

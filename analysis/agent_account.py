@@ -1,0 +1,124 @@
+"""The agent's own account joined to the wire's: SQL views over `agent_events` and the requests (#39).
+
+The wire sees a tool span as one gap, from the response that asked for the call to the request that
+carries its result; the agent itself reports what happened inside it (`agent_events`, from its
+OpenTelemetry: docs/tools.md). Joined, a span splits into:
+
+- **approval**: waiting for the person to approve the call: from the span's start to the agent's
+  `tool_decision`, when the decision was the person's (`decision_source` `user…`, not `config`/`hook`);
+- **the tool's run**: the agent's `tool_result` (Gemini CLI: `tool_call`) `duration_ms`;
+- **the agent's own time**: the rest of the span (its work before and after the run, its start-up).
+
+And per request, the agent's `api_request` duration against llmtap's E2E (the difference is the agent's
+client-side time: its SDK, its retries) and Codex's `turn_ttft` against llmtap's TTFT; an agent's request
+that never reached llmtap (a retry given up on, an error before connecting) has no `request_id`.
+
+Views (`create_agent_views`):
+- `agent_tool_calls`: one row per call the agent reported, keyed (session_id, call_id); Gemini CLI's have
+  no call id, and `call_order` (the call's place among its session's calls of that tool) instead;
+- `tool_run_accounts`: one row per wire call (the `tool_runs` view), its agent's account LEFT JOINed: by
+  session and call id, else (no id) by tool name and order within the wire span's time;
+- `api_request_accounts`: one row per agent API event, with the wire request it was (or none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PERSON = "lower(decision_source) LIKE 'user%'"  # Claude Code's user_temporary/_permanent/_reject/_abort, Codex's user
+SLACK = "INTERVAL 1 SECOND"  # how far the agent's clock reading of an end may fall past the wire's
+
+AGENT_TOOL_CALLS_SQL = f"""
+CREATE OR REPLACE TEMP VIEW agent_tool_calls AS
+WITH e AS (SELECT *, regexp_extract(event_name, '[^.]*$') AS kind FROM agent_events),
+decisions AS (
+  SELECT session_id, call_id, arg_max(tool_name, event_at) AS tool_name, max(event_at) AS decided_at,
+    arg_max(decision, event_at) AS decision, arg_max(decision_source, event_at) AS decision_source,
+    any_value(source) AS source
+  FROM e WHERE kind = 'tool_decision' GROUP BY session_id, call_id),
+results AS (
+  SELECT session_id, call_id, tool_name, event_at AS result_at, duration_ms AS run_ms, success, source,
+    decision AS result_decision
+  FROM e WHERE kind IN ('tool_result', 'tool_call'))
+SELECT coalesce(r.source, d.source) AS source, coalesce(r.session_id, d.session_id) AS session_id,
+  coalesce(r.call_id, d.call_id) AS call_id, coalesce(r.tool_name, d.tool_name) AS tool_name,
+  row_number() OVER (PARTITION BY coalesce(r.session_id, d.session_id), coalesce(r.tool_name, d.tool_name)
+                     ORDER BY coalesce(r.result_at, d.decided_at)) AS call_order,
+  d.decided_at, coalesce(d.decision, r.result_decision) AS decision, d.decision_source,
+  coalesce({PERSON}, false) AS by_person, r.result_at, r.run_ms, r.success
+FROM results r FULL JOIN decisions d ON d.call_id = r.call_id AND d.session_id IS NOT DISTINCT FROM r.session_id;
+"""
+
+# The wire's calls (`tool_runs`: request_id, session_id, position, call_id, name, asked_at, answered_at,
+# run_ms) with the agent's account. `k`: a call's place among its request's calls of one tool, for the
+# agents that send no call id, whose k-th report within the span is the k-th call.
+TOOL_RUN_ACCOUNTS_SQL = f"""
+CREATE OR REPLACE TEMP VIEW tool_run_accounts AS
+WITH w AS (
+  SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM tool_runs),
+by_id AS (
+  SELECT w.request_id, w.position, a.* FROM w JOIN agent_tool_calls a
+    ON a.call_id = w.call_id AND a.session_id IS NOT DISTINCT FROM w.session_id),
+by_time AS (
+  SELECT w.request_id, w.position, w.k, a.*,
+    row_number() OVER (PARTITION BY w.request_id, w.name ORDER BY a.result_at) AS nth
+  FROM w JOIN agent_tool_calls a ON a.call_id IS NULL AND a.tool_name = w.name
+    AND (w.session_id IS NULL OR a.session_id = w.session_id)
+    AND a.result_at BETWEEN w.asked_at AND coalesce(w.answered_at, a.result_at) + {SLACK}),
+a AS (
+  SELECT * FROM by_id
+  UNION ALL BY NAME
+  SELECT * EXCLUDE (k, nth) FROM by_time WHERE nth = k
+    AND (request_id, position) NOT IN (SELECT (request_id, position) FROM by_id))
+SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.answered_at,
+  w.run_ms AS span_ms,
+  CASE WHEN a.by_person THEN greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at)) / 1000.0) END
+    AS approval_ms,
+  a.run_ms AS tool_ms,
+  w.run_ms - coalesce(CASE WHEN a.by_person THEN greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at))
+    / 1000.0) END, 0) - a.run_ms AS agent_ms,
+  a.decision, a.decision_source, a.source AS agent,
+  CASE WHEN a.source IS NULL THEN 'wire' ELSE 'wire+agent' END AS accounts
+FROM w LEFT JOIN a USING (request_id, position);
+"""
+
+# The agent logs an API request when it ends, with its duration: the wire request of its session that lies
+# within that time, the one ending nearest. Codex's turn_ttft (a turn's first token) goes with the turn's
+# first request.
+API_REQUEST_ACCOUNTS_SQL = f"""
+CREATE OR REPLACE TEMP VIEW api_request_accounts AS
+WITH e AS (
+  SELECT *, regexp_extract(event_name, '[^.]*$') AS kind,
+    event_at - to_microseconds(CAST(round(coalesce(duration_ms, 0) * 1000) AS BIGINT)) AS began_at
+  FROM agent_events WHERE regexp_extract(event_name, '[^.]*$') IN ('api_request', 'api_response', 'api_error',
+                                                                   'turn_ttft')),
+r AS (
+  SELECT id, session_id, started_at, e2e_ms, ttft_ms,
+    started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS ended_at
+  FROM requests WHERE kind = 'generation'),
+m AS (
+  SELECT e.*, r.id AS request_id, r.e2e_ms AS wire_e2e_ms, r.ttft_ms AS wire_ttft_ms
+  FROM e LEFT JOIN r ON r.session_id = e.session_id AND r.started_at >= e.began_at - {SLACK}
+    AND (CASE WHEN e.kind = 'turn_ttft' THEN r.started_at <= e.event_at ELSE r.ended_at <= e.event_at + {SLACK} END)
+  QUALIFY row_number() OVER (PARTITION BY e.source, e.session_id, e.event_at, e.event_name, e.sequence
+    ORDER BY CASE WHEN e.kind = 'turn_ttft' THEN epoch_us(r.started_at)
+             ELSE abs(epoch_us(e.event_at) - epoch_us(r.ended_at)) END) = 1)
+SELECT source AS agent, session_id, event_name, event_at, model, attempt, status_code, request_id,
+  CASE WHEN kind = 'turn_ttft' THEN NULL ELSE duration_ms END AS agent_ms, wire_e2e_ms,
+  CASE WHEN kind = 'turn_ttft' THEN NULL ELSE duration_ms - wire_e2e_ms END AS client_ms,
+  CASE WHEN kind = 'turn_ttft' THEN duration_ms END AS agent_ttft_ms, wire_ttft_ms,
+  CASE WHEN kind = 'turn_ttft' THEN duration_ms - wire_ttft_ms END AS client_ttft_ms,
+  request_id IS NULL AS never_reached_llmtap
+FROM m;
+"""
+
+
+def create_agent_views(con: Any) -> bool:
+    """Create the views on a DuckDB connection or cursor that has `agent_events`, `requests` and the
+    `tool_runs` view (analysis/views.py); False (nothing created) where the table is missing."""
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main' AND "
+                        "table_name = 'agent_events' AND database_name = current_database()").fetchone()[0]
+    if not found:
+        return False
+    con.execute(AGENT_TOOL_CALLS_SQL + TOOL_RUN_ACCOUNTS_SQL + API_REQUEST_ACCOUNTS_SQL)
+    return True
