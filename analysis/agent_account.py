@@ -83,32 +83,36 @@ FROM w LEFT JOIN a USING (request_id, position);
 """
 
 # The agent logs an API request when it ends, with its duration: the wire request of its session that lies
-# within that time, the one ending nearest. Codex's turn_ttft (a turn's first token) goes with the turn's
-# first request.
+# within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and
+# Gemini CLI's, the whole response (llmtap's E2E); Codex's `api_request`, until the response's headers
+# (llmtap's `upstream_headers_ms`), its `turn_ttft` from the turn's start to the first token (llmtap's TTFT
+# of the turn's first request: the rest is Codex's own time before it sent the request).
 API_REQUEST_ACCOUNTS_SQL = f"""
 CREATE OR REPLACE TEMP VIEW api_request_accounts AS
 WITH e AS (
-  SELECT *, regexp_extract(event_name, '[^.]*$') AS kind,
+  SELECT *, CASE WHEN kind = 'turn_ttft' THEN 'ttft' WHEN event_name LIKE 'codex.%' THEN 'headers' ELSE 'e2e' END
+      AS measure,
     event_at - to_microseconds(CAST(round(coalesce(duration_ms, 0) * 1000) AS BIGINT)) AS began_at
-  FROM agent_events WHERE regexp_extract(event_name, '[^.]*$') IN ('api_request', 'api_response', 'api_error',
-                                                                   'turn_ttft')),
+  FROM (SELECT *, regexp_extract(event_name, '[^.]*$') AS kind FROM agent_events)
+  WHERE kind IN ('api_request', 'api_response', 'api_error', 'turn_ttft')),
 r AS (
-  SELECT id, session_id, started_at, e2e_ms, ttft_ms,
-    started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS ended_at
+  SELECT id, session_id, started_at, e2e_ms, ttft_ms, upstream_headers_ms,
+    started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS ended_at,
+    started_at + to_microseconds(CAST(round(coalesce(upstream_headers_ms, e2e_ms, 0) * 1000) AS BIGINT)) AS headers_at
   FROM requests WHERE kind = 'generation'),
 m AS (
-  SELECT e.*, r.id AS request_id, r.e2e_ms AS wire_e2e_ms, r.ttft_ms AS wire_ttft_ms
+  SELECT e.* RENAME (request_id AS agent_request_id), r.id AS wire_request_id,
+    CASE e.measure WHEN 'ttft' THEN r.ttft_ms WHEN 'headers' THEN r.upstream_headers_ms ELSE r.e2e_ms END AS wire_ms
   FROM e LEFT JOIN r ON r.session_id = e.session_id AND r.started_at >= e.began_at - {SLACK}
-    AND (CASE WHEN e.kind = 'turn_ttft' THEN r.started_at <= e.event_at ELSE r.ended_at <= e.event_at + {SLACK} END)
+    AND CASE e.measure WHEN 'ttft' THEN r.started_at <= e.event_at
+        WHEN 'headers' THEN r.headers_at <= e.event_at + {SLACK} ELSE r.ended_at <= e.event_at + {SLACK} END
   QUALIFY row_number() OVER (PARTITION BY e.source, e.session_id, e.event_at, e.event_name, e.sequence
-    ORDER BY CASE WHEN e.kind = 'turn_ttft' THEN epoch_us(r.started_at)
+    ORDER BY CASE e.measure WHEN 'ttft' THEN epoch_us(r.started_at)
+             WHEN 'headers' THEN abs(epoch_us(e.event_at) - epoch_us(r.headers_at))
              ELSE abs(epoch_us(e.event_at) - epoch_us(r.ended_at)) END) = 1)
-SELECT source AS agent, session_id, event_name, event_at, model, attempt, status_code, request_id,
-  CASE WHEN kind = 'turn_ttft' THEN NULL ELSE duration_ms END AS agent_ms, wire_e2e_ms,
-  CASE WHEN kind = 'turn_ttft' THEN NULL ELSE duration_ms - wire_e2e_ms END AS client_ms,
-  CASE WHEN kind = 'turn_ttft' THEN duration_ms END AS agent_ttft_ms, wire_ttft_ms,
-  CASE WHEN kind = 'turn_ttft' THEN duration_ms - wire_ttft_ms END AS client_ttft_ms,
-  request_id IS NULL AS never_reached_llmtap
+SELECT source AS agent, session_id, event_name, event_at, model, attempt, status_code, agent_request_id,
+  wire_request_id AS request_id, measure, duration_ms AS agent_ms, wire_ms, duration_ms - wire_ms AS client_ms,
+  wire_request_id IS NULL AS never_reached_llmtap
 FROM m;
 """
 

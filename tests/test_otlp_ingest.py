@@ -37,7 +37,7 @@ from proxy.simulator.app import Simulator
 from .conftest import proxy_config, rows
 from .serving import RunningProxy
 from .test_real_cli_sessions import check_tool_span, command, scripted
-from .test_real_clis import CLAUDE_QUIET, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
+from .test_real_clis import CLAUDE_QUIET, CODEX_CONFIG, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
 from .test_serve_process import start_serve, stream_once
 from .waiting import wait_until
 
@@ -206,6 +206,12 @@ def accounts(db: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         con.close()
 
 
+def print_api(api: list[dict[str, Any]]) -> None:
+    for a in api:
+        print(f"  {a['event_name']}: the agent's {a['agent_ms']:.0f} ms, llmtap's {a['measure']} "
+              f"{a['wire_ms']:.0f} ms: the agent's client-side time {a['client_ms']:.0f} ms")
+
+
 def post_blocking(url: str, body: Any, token: str) -> tuple[int, int]:
     """A POST of `body` (bytes: with its Content-Length; an iterable: chunked); its status and rpc code."""
     request = urllib.request.Request(url + otlp.PREFIX + "v1/logs", data=body, method="POST", headers={
@@ -308,5 +314,48 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
         "wire+agent", calls[0]["id"], None, result["duration_ms"])
     assert run["agent_ms"] == pytest.approx(run["span_ms"] - run["tool_ms"])
     assert len(api) == 2 and all(a["request_id"] is not None and a["client_ms"] >= 0 for a in api), api
-    print("\n".join(f"  API request: Claude Code {a['agent_ms']:.0f} ms, llmtap's E2E {a['wire_e2e_ms']:.0f} ms, "
-                    f"the agent's client-side time {a['client_ms']:.0f} ms" for a in api))
+    print_api(api)
+
+
+@pytest.mark.real_cli
+@pytest.mark.timeout(300)
+async def test_real_codex_reports_its_tool_run_with_the_wires_ids(clis: Path, tmp_path: Path) -> None:
+    """`codex exec` set up by `llmtap setup codex --write` ([otel] to llmtap) runs `exec_command`: its
+    tool_result reaches agent_events with the wire's `call_id`, and joins the wire's tool run."""
+    marks = tmp_path / "marks"
+    cfg = scripted("exec_command", {"cmd": command(marks)})
+    home = tmp_path / "home"
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True)
+    (codex_home / "config.toml").write_text(CODEX_CONFIG)
+    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        write_setup("codex", "--base-url", p.url, "--env-key", "TAP_API_KEY", "--codex-login", "api-key",
+                    env={"HOME": str(home), "CODEX_HOME": str(codex_home)})
+        env = base_env(home, CODEX_HOME=str(codex_home), TAP_API_KEY="sk-test")
+        code, out, err = await run_cli([str(clis / "node_modules/.bin/codex"), "exec", "--skip-git-repo-check",
+                                        "--dangerously-bypass-approvals-and-sandbox", "run the check"], env, tmp_path)
+        assert code == 0, out + err
+
+        def events() -> list[dict[str, Any]]:
+            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
+
+        await wait_until(lambda: any(e["event_name"] == "codex.tool_result" for e in events()),
+                         what="Codex's tool_result in agent_events")
+        agent = events()
+        wire = rows(p, "SELECT session_id, tool_calls FROM requests WHERE tool_calls IS NOT NULL")
+    print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['session_id']} {e['call_id']} "
+                           f"{e['decision_source']} {e['duration_ms']}" for e in agent))
+    [(session_id, calls)] = [(w["session_id"], w["tool_calls"]) for w in wire]
+    [result] = [e for e in agent if e["event_name"] == "codex.tool_result"]
+    assert (result["call_id"], result["session_id"], result["tool_name"]) == (calls[0]["id"], session_id,
+                                                                               "exec_command")
+    times = [float(t) for t in marks.read_text().split()]
+    command_ms = (times[1] - times[0]) * 1000
+    figures = check_tool_span(tmp_path / "llmtap.duckdb", marks, "exec_command")
+    [run], api = accounts(tmp_path / "llmtap.duckdb")
+    assert (run["accounts"], run["tool_ms"]) == ("wire+agent", result["duration_ms"])
+    assert command_ms <= result["duration_ms"] + 5 <= figures["span_s"] * 1000 + 10
+    print(f"\nCodex exec_command: the command's own run {command_ms:.0f} ms, Codex's duration_ms "
+          f"{result['duration_ms']:.0f}, llmtap's tool span {figures['span_s'] * 1000:.0f} ms")
+    print_api(api)
+    assert all(a["request_id"] is not None and a["client_ms"] >= 0 for a in api), [(a["request_id"], a["client_ms"]) for a in api]
