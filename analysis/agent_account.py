@@ -28,6 +28,16 @@ from typing import Any
 PERSON = "lower(decision_source) LIKE 'user%'"  # Claude Code's user_temporary/_permanent/_reject/_abort, Codex's user
 SLACK = "INTERVAL 1 SECOND"  # how far the agent's clock reading of an end may fall past the wire's
 
+
+def same_session(wire: str, agent: str) -> str:
+    """A wire row and an agent event of one session: its id, else (a CLI that sends none on the wire, as
+    Gemini CLI) the wire row has none and its tool, if known, names the agent: their letters, one the
+    other's start (`geminicli-tui` and `gemini-cli`, `codex` and `codex_exec`)."""
+    w, a = (f"regexp_replace(lower({x}), '[^a-z]', '', 'g')" for x in (f"{wire}.tool", f"{agent}.source"))
+    return (f"({wire}.session_id = {agent}.session_id OR ({wire}.session_id IS NULL AND ({wire}.tool IS NULL "
+            f"OR starts_with({w}, {a}) OR starts_with({a}, {w}))))")
+
+
 AGENT_TOOL_CALLS_SQL = f"""
 CREATE OR REPLACE TEMP VIEW agent_tool_calls AS
 WITH e AS (SELECT *, regexp_extract(event_name, '[^.]*$') AS kind FROM agent_events),
@@ -63,7 +73,7 @@ by_time AS (
   SELECT w.request_id, w.position, w.k, a.*,
     row_number() OVER (PARTITION BY w.request_id, w.name ORDER BY a.result_at) AS nth
   FROM w JOIN agent_tool_calls a ON a.call_id IS NULL AND a.tool_name = w.name
-    AND (w.session_id IS NULL OR a.session_id = w.session_id)
+    AND {same_session("w", "a")}
     AND a.result_at BETWEEN w.asked_at AND coalesce(w.answered_at, a.result_at) + {SLACK}),
 a AS (
   SELECT * FROM by_id
@@ -82,8 +92,8 @@ SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.
 FROM w LEFT JOIN a USING (request_id, position);
 """
 
-# The agent logs an API request when it ends, with its duration: the wire request of its session that lies
-# within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and
+# The agent logs an API request when it ends, with its duration: the wire request of its session (`same_session`)
+# that lies within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and
 # Gemini CLI's, the whole response (llmtap's E2E); Codex's `api_request`, until the response's headers
 # (llmtap's `upstream_headers_ms`), its `turn_ttft` from the turn's start to the first token (llmtap's TTFT
 # of the turn's first request: the rest is Codex's own time before it sent the request).
@@ -94,16 +104,16 @@ WITH e AS (
       AS measure,
     event_at - to_microseconds(CAST(round(coalesce(duration_ms, 0) * 1000) AS BIGINT)) AS began_at
   FROM (SELECT *, regexp_extract(event_name, '[^.]*$') AS kind FROM agent_events)
-  WHERE kind IN ('api_request', 'api_response', 'api_error', 'turn_ttft')),
+  WHERE kind IN ('api_request', 'api_response', 'api_error', 'turn_ttft') AND duration_ms IS NOT NULL),
 r AS (
-  SELECT id, session_id, started_at, e2e_ms, ttft_ms, upstream_headers_ms,
+  SELECT id, session_id, tool, started_at, e2e_ms, ttft_ms, upstream_headers_ms,
     started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS ended_at,
     started_at + to_microseconds(CAST(round(coalesce(upstream_headers_ms, e2e_ms, 0) * 1000) AS BIGINT)) AS headers_at
   FROM requests WHERE kind = 'generation'),
 m AS (
   SELECT e.* RENAME (request_id AS agent_request_id), r.id AS wire_request_id,
     CASE e.measure WHEN 'ttft' THEN r.ttft_ms WHEN 'headers' THEN r.upstream_headers_ms ELSE r.e2e_ms END AS wire_ms
-  FROM e LEFT JOIN r ON r.session_id = e.session_id AND r.started_at >= e.began_at - {SLACK}
+  FROM e LEFT JOIN r ON {same_session("r", "e")} AND r.started_at >= e.began_at - {SLACK}
     AND CASE e.measure WHEN 'ttft' THEN r.started_at <= e.event_at
         WHEN 'headers' THEN r.headers_at <= e.event_at + {SLACK} ELSE r.ended_at <= e.event_at + {SLACK} END
   QUALIFY row_number() OVER (PARTITION BY e.source, e.session_id, e.event_at, e.event_name, e.sequence

@@ -8,6 +8,7 @@ a web page, garbage, 50 MB), and that decoding never runs on the relay's event l
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +33,9 @@ from analysis.views import create_views
 from proxy.common import instances as running
 from proxy.meter import agent_events
 from proxy.relay import otlp
+from proxy.settings.client_key import telemetry_token
 from proxy.simulator.app import Simulator
+from proxy.tools.telemetry_setup import Telemetry, gemini_merge
 
 from .conftest import proxy_config, rows
 from .serving import RunningProxy
@@ -41,6 +44,9 @@ from .test_real_clis import CLAUDE_QUIET, CODEX_CONFIG, base_env, clis, run_cli,
 from .test_serve_process import start_serve, stream_once
 from .waiting import wait_until
 
+GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
+                   "privacy": {"usageStatisticsEnabled": False},
+                   "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}}
 SECRETS = ("rm -rf /home/alice/secret-project", "/home/alice/secret-project/notes.txt", "my secret prompt",
            "alice@example.com", "TOOL-OUTPUT-SECRET")
 
@@ -359,3 +365,48 @@ async def test_real_codex_reports_its_tool_run_with_the_wires_ids(clis: Path, tm
           f"{result['duration_ms']:.0f}, llmtap's tool span {figures['span_s'] * 1000:.0f} ms")
     print_api(api)
     assert all(a["request_id"] is not None and a["client_ms"] >= 0 for a in api), [(a["request_id"], a["client_ms"]) for a in api]
+
+
+@pytest.mark.real_cli
+@pytest.mark.timeout(300)
+async def test_real_gemini_cli_reports_its_tool_call_joined_by_name_and_time(tmp_path: Path) -> None:
+    """Gemini CLI (its settings' `telemetry`, as telemetry_setup writes them: the token in the endpoint) runs
+    `run_shell_command`: its `gemini_cli.tool_call` has no call id, and joins the wire's call by name and
+    time."""
+    binary = Path(os.environ.get("LLMTAP_CLI_CACHE") or Path.home() / ".cache" / "llmtap-test-clis") / \
+        "agents" / "node_modules" / ".bin" / "gemini"
+    if not binary.exists():
+        pytest.skip(f"no Gemini CLI at {binary} (tests/test_real_agents.py installs it)")
+    marks = tmp_path / "marks"
+    cfg = scripted("run_shell_command", {"command": command(marks), "description": "Sleep a while"})
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        settings, note = gemini_merge(GEMINI_SETTINGS, Telemetry(p.url, telemetry_token()))
+        assert note is None
+        (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+        env = base_env(home, GEMINI_API_KEY="sk-test", GEMINI_CLI_TRUST_WORKSPACE="true",
+                       GOOGLE_GEMINI_BASE_URL=p.url)
+        code, out, err = await run_cli([str(binary), "-p", "run the check", "--yolo", "-m", "gemini-2.5-pro"],
+                                       env, tmp_path)
+        assert code == 0, out + err
+
+        def events() -> list[dict[str, Any]]:
+            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
+
+        await wait_until(lambda: any(e["event_name"] == "gemini_cli.tool_call" for e in events()),
+                         what="Gemini CLI's tool_call in agent_events")
+        agent = events()
+    print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['session_id']} {e['tool_name']} "
+                           f"{e['decision']} {e['duration_ms']}" for e in agent))
+    [call] = [e for e in agent if e["event_name"] == "gemini_cli.tool_call"]
+    times = [float(t) for t in marks.read_text().split()]
+    command_ms = (times[1] - times[0]) * 1000
+    runs, api = accounts(tmp_path / "llmtap.duckdb")
+    [run] = [r for r in runs if r["name"] == "run_shell_command"]
+    assert (run["accounts"], run["tool_ms"], call["call_id"]) == ("wire+agent", call["duration_ms"], None)
+    assert command_ms <= call["duration_ms"] + 5
+    span = f"{run['span_ms']:.0f} ms" if run["span_ms"] is not None else "open (its result's made-up id)"
+    print(f"\nGemini CLI run_shell_command: the command's own run {command_ms:.0f} ms, Gemini CLI's duration_ms "
+          f"{call['duration_ms']:.0f}, llmtap's tool span {span}")
+    print_api([a for a in api if a["request_id"] is not None])
