@@ -410,3 +410,72 @@ async def test_real_gemini_cli_reports_its_tool_call_joined_by_name_and_time(tmp
     print(f"\nGemini CLI run_shell_command: the command's own run {command_ms:.0f} ms, Gemini CLI's duration_ms "
           f"{call['duration_ms']:.0f}, llmtap's tool span {span}")
     print_api([a for a in api if a["request_id"] is not None])
+
+
+APPROVAL_S = 3.0  # how long the person takes to approve, in the interactive test
+TMUX_KEY = "sk-ant-api03-llmtap-interactive-test-0123456789"
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+@pytest.mark.real_cli
+@pytest.mark.timeout(300)
+async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis: Path, tmp_path: Path) -> None:
+    """Claude Code in tmux, in its default permission mode: the model asks for `Bash`, the person waits
+    APPROVAL_S at "Do you want to proceed?", then approves. The agent's tool_decision (source: the person)
+    splits the wire's tool span: the wait lands with the person, the rest is the command's run and the
+    agent's own time."""
+    marks = tmp_path / "marks"
+    cfg = scripted("Bash", {"command": command(marks), "description": "Sleep a while"})
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    session = f"llmtap-otel-{os.getpid()}"
+    async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None})
+        (home / ".claude.json").write_text(json.dumps({
+            "hasCompletedOnboarding": True, "theme": "dark", "numStartups": 5,
+            "customApiKeyResponses": {"approved": [TMUX_KEY[-20:]], "rejected": []},
+            "projects": {str(work): {"hasTrustDialogAccepted": True, "allowedTools": []}}}))
+        quiet = {k: v for k, v in CLAUDE_QUIET.items() if k != "DISABLE_TELEMETRY"}
+        env = {**base_env(home, **quiet), "ANTHROPIC_API_KEY": TMUX_KEY, "TERM": "xterm-256color"}
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(clis / "node_modules/.bin/claude")]
+        tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "45", "-c", str(work), *argv)
+        try:
+            screen = lambda: tmux("capture-pane", "-p", "-t", session)  # noqa: E731
+            await wait_until(lambda: "for shortcuts" in screen() or "? " in screen(), 30, "Claude Code's prompt")
+            tmux("send-keys", "-t", session, "-l", "run the check")
+            tmux("send-keys", "-t", session, "Enter")
+            await wait_until(lambda: "Do you want to proceed?" in screen(), 60, "the permission prompt")
+            asked = time.time()
+            await asyncio.sleep(APPROVAL_S)  # the person reading the prompt: the wait this test measures
+            tmux("send-keys", "-t", session, "Enter")
+            approved = time.time()
+
+            def events() -> list[dict[str, Any]]:
+                return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
+
+            await wait_until(lambda: any(e["event_name"] == "claude_code.tool_result" for e in events()), 60,
+                             "Claude Code's tool_result")
+            await wait_until(lambda: rows(p, "SELECT count(*) AS n FROM requests WHERE tool_results IS NOT NULL")[0]
+                             ["n"] > 0, 60, "the request carrying the result")
+            tmux("send-keys", "-t", session, "-l", "/exit")
+            tmux("send-keys", "-t", session, "Enter")
+            agent = events()
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision']} "
+                           f"{e['decision_source']} {e['duration_ms']}" for e in agent))
+    times = [float(t) for t in marks.read_text().split()]
+    command_ms = (times[1] - times[0]) * 1000
+    runs, _api = accounts(tmp_path / "llmtap.duckdb")
+    [run] = [r for r in runs if r["name"] == "Bash" and r["span_ms"] is not None]
+    print(f"\ninteractive Claude Code: the prompt shown to approved {(approved - asked) * 1000:.0f} ms (the test "
+          f"waited {APPROVAL_S * 1000:.0f}); llmtap's tool span {run['span_ms']:.0f} ms = approval "
+          f"{run['approval_ms']:.0f} ms + Bash's run (Claude Code's duration_ms) {run['tool_ms']:.0f} ms + the "
+          f"agent's own {run['agent_ms']:.0f} ms; the command's own run {command_ms:.0f} ms")
+    assert run["accounts"] == "wire+agent" and run["decision_source"].startswith("user")
+    assert abs(run["approval_ms"] - (approved - asked) * 1000) < 300  # the wait, within the screen's polling
+    assert command_ms <= run["tool_ms"] + 5 and run["agent_ms"] >= 0
+    assert run["approval_ms"] + run["tool_ms"] + run["agent_ms"] == pytest.approx(run["span_ms"])
