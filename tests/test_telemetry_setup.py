@@ -1,20 +1,29 @@
 """`llmtap setup TOOL --write` points each CLI's own OpenTelemetry at llmtap (proxy/tools/telemetry_setup.py):
 with the telemetry token, in an owner-only file; a user's own collector is never overwritten;
-`--no-telemetry` leaves it all out."""
+`--no-telemetry` leaves it all out; `llmtap doctor` says whether each one's telemetry reaches llmtap."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
+import time
 import tomllib
 from pathlib import Path
 
+import aiohttp
 from click.testing import CliRunner
 
+from proxy.common.instances import LiveProxy
 from proxy.settings.client_key import telemetry_token
+from proxy.simulator.app import Simulator
+from proxy.tools import telemetry_checks
 from proxy.tools.cli import setup
 from proxy.tools.telemetry_setup import Telemetry, gemini_merge
+
+from .conftest import proxy_config
+from .serving import RunningProxy
 
 URL = "http://127.0.0.1:9911"
 ENDPOINT = URL + "/_llmtap/otlp"
@@ -98,3 +107,32 @@ def test_gemini_cli_settings_carry_the_token_in_the_endpoint() -> None:
         "logPrompts": False}}
     kept, note = gemini_merge({"telemetry": {"enabled": True, "otlpEndpoint": "http://collector:4318"}}, t)
     assert kept == {"telemetry": {"enabled": True, "otlpEndpoint": "http://collector:4318"}} and note is not None
+
+
+async def test_doctor_says_whether_each_tools_telemetry_reaches_llmtap(sim: Simulator, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        code, out = invoke(home, "claude-code", "--write")
+        assert code == 0, out
+        settings = home / ".claude" / "settings.json"
+        data = json.loads(settings.read_text())
+        data["env"]["OTEL_EXPORTER_OTLP_ENDPOINT"] = p.url + "/_llmtap/otlp"
+        settings.write_text(json.dumps(data))
+        live = LiveProxy(url=p.url, pid=None, db=None, admin_token=p.admin_token)
+        env = {"HOME": str(home)}
+        [before] = await asyncio.to_thread(telemetry_checks.telemetry, env, live)
+        export = {"resourceLogs": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "claude-code"}}]}, "scopeLogs": [{"logRecords": [
+                {"timeUnixNano": str(time.time_ns()), "body": {"stringValue": "claude_code.user_prompt"},
+                 "attributes": [{"key": "session.id", "value": {"stringValue": "s"}}]}]}]}]}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/_llmtap/otlp/v1/logs", json=export,
+                              headers={"Authorization": f"Bearer {telemetry_token()}"}) as r:
+                assert r.status == 200
+        [after] = await asyncio.to_thread(telemetry_checks.telemetry, env, live)
+        settings.write_text(settings.read_text().replace(telemetry_token(), "llmtap-otlp-old"))
+        [stale] = await asyncio.to_thread(telemetry_checks.telemetry, env, live)
+    assert (before.status, before.detail) == ("WARN", "set up, but llmtap has received none of its events yet")
+    assert after.status == "OK" and after.detail.startswith("reaches llmtap: 1 event(s), the newest "), after
+    assert stale.status == "WARN" and "not llmtap's current one" in stale.detail
+    assert telemetry_checks.telemetry({"HOME": str(tmp_path / "nobody")}, live) == []
