@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 PERSON = "lower(decision_source) LIKE 'user%'"  # Claude Code's user_temporary/_permanent/_reject/_abort, Codex's user
-SLACK = "INTERVAL 1 SECOND"  # how far the agent's clock reading of an end may fall past the wire's
+SLACK = "INTERVAL 1 SECOND"  # how far past a tool span's end the agent may report the call
+# An API request's time as the agent took it holds the wire's, but for their clock readings' rounding (ms)
+API_SLACK = "INTERVAL 50 MILLISECOND"
 
 
 def same_session(wire: str, agent: str) -> str:
@@ -71,7 +73,7 @@ by_id AS (
     ON a.call_id = w.call_id AND a.session_id IS NOT DISTINCT FROM w.session_id),
 by_time AS (
   SELECT w.request_id, w.position, w.k, a.*,
-    row_number() OVER (PARTITION BY w.request_id, w.name ORDER BY a.result_at) AS nth
+    dense_rank() OVER (PARTITION BY w.request_id, w.name ORDER BY a.result_at, a.call_order) AS nth
   FROM w JOIN agent_tool_calls a ON a.call_id IS NULL AND a.tool_name = w.name
     AND {same_session("w", "a")}
     AND a.result_at BETWEEN w.asked_at AND coalesce(w.answered_at, a.result_at) + {SLACK}),
@@ -113,9 +115,9 @@ r AS (
 m AS (
   SELECT e.* RENAME (request_id AS agent_request_id), r.id AS wire_request_id,
     CASE e.measure WHEN 'ttft' THEN r.ttft_ms WHEN 'headers' THEN r.upstream_headers_ms ELSE r.e2e_ms END AS wire_ms
-  FROM e LEFT JOIN r ON {same_session("r", "e")} AND r.started_at >= e.began_at - {SLACK}
+  FROM e LEFT JOIN r ON {same_session("r", "e")} AND r.started_at >= e.began_at - {API_SLACK}
     AND CASE e.measure WHEN 'ttft' THEN r.started_at <= e.event_at
-        WHEN 'headers' THEN r.headers_at <= e.event_at + {SLACK} ELSE r.ended_at <= e.event_at + {SLACK} END
+        WHEN 'headers' THEN r.headers_at <= e.event_at + {API_SLACK} ELSE r.ended_at <= e.event_at + {API_SLACK} END
   QUALIFY row_number() OVER (PARTITION BY e.source, e.session_id, e.event_at, e.event_name, e.sequence
     ORDER BY CASE e.measure WHEN 'ttft' THEN epoch_us(r.started_at)
              WHEN 'headers' THEN abs(epoch_us(e.event_at) - epoch_us(r.headers_at))
