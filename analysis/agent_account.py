@@ -4,9 +4,11 @@ The wire sees a tool span as one gap, from the response that asked for the call 
 carries its result; the agent itself reports what happened inside it (`agent_events`, from its
 OpenTelemetry: docs/tools.md). Joined, a span splits into:
 
-- **approval**: waiting for the person to approve the call: from the span's start to the agent's
-  `tool_decision`, when the decision was the person's (`decision_source` `user…`, not `config`/`hook`);
-- **the tool's run**: the agent's `tool_result` (Gemini CLI: `tool_call`) `duration_ms`;
+- **approval**: waiting for the person to approve the call, when the decision was the person's
+  (`decision_source` `user…`, not `config`/`hook`): Claude Code's `claude_code.tool.blocked_on_user` span
+  (its beta traces), else from the span's start to the agent's `tool_decision`;
+- **the tool's run**: Claude Code's `claude_code.tool.execution` span, else the agent's `tool_result`
+  (Gemini CLI: `tool_call`) `duration_ms`;
 - **the agent's own time**: the rest of the span (its work before and after the run, its start-up).
 
 And per request, the agent's `api_request` duration against llmtap's E2E (the difference is the agent's
@@ -51,14 +53,22 @@ decisions AS (
 results AS (
   SELECT session_id, call_id, tool_name, event_at AS result_at, duration_ms AS run_ms, success, source,
     decision AS result_decision
-  FROM e WHERE kind IN ('tool_result', 'tool_call'))
+  FROM e WHERE kind IN ('tool_result', 'tool_call')),
+spans AS (  -- Claude Code's beta traces: a `claude_code.tool` span's wait for the person and its execution
+  SELECT t.session_id, t.call_id,
+    max(c.duration_ms) FILTER (WHERE c.kind = 'blocked_on_user') AS blocked_ms,
+    max(c.duration_ms) FILTER (WHERE c.kind = 'execution') AS execution_ms
+  FROM e t JOIN e c ON c.parent_span_id = t.span_id AND c.session_id IS NOT DISTINCT FROM t.session_id
+  WHERE t.event_name LIKE '%.tool' AND t.call_id IS NOT NULL GROUP BY t.session_id, t.call_id)
 SELECT coalesce(r.source, d.source) AS source, coalesce(r.session_id, d.session_id) AS session_id,
   coalesce(r.call_id, d.call_id) AS call_id, coalesce(r.tool_name, d.tool_name) AS tool_name,
   row_number() OVER (PARTITION BY coalesce(r.session_id, d.session_id), coalesce(r.tool_name, d.tool_name)
                      ORDER BY coalesce(r.result_at, d.decided_at)) AS call_order,
   d.decided_at, coalesce(d.decision, r.result_decision) AS decision, d.decision_source,
-  coalesce({PERSON}, false) AS by_person, r.result_at, r.run_ms, r.success
-FROM results r FULL JOIN decisions d ON d.call_id = r.call_id AND d.session_id IS NOT DISTINCT FROM r.session_id;
+  coalesce({PERSON}, false) AS by_person, r.result_at, r.run_ms, r.success, s.blocked_ms, s.execution_ms
+FROM results r FULL JOIN decisions d ON d.call_id = r.call_id AND d.session_id IS NOT DISTINCT FROM r.session_id
+LEFT JOIN spans s ON s.call_id = coalesce(r.call_id, d.call_id)
+  AND s.session_id IS NOT DISTINCT FROM coalesce(r.session_id, d.session_id);
 """
 
 # The wire's calls (`tool_runs`: request_id, session_id, position, call_id, name, asked_at, answered_at,
@@ -82,16 +92,15 @@ a AS (
   UNION ALL BY NAME
   SELECT * EXCLUDE (k, nth) FROM by_time WHERE nth = k
     AND (request_id, position) NOT IN (SELECT (request_id, position) FROM by_id))
+SELECT *, span_ms - coalesce(approval_ms, 0) - tool_ms AS agent_ms FROM (
 SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.answered_at,
   w.run_ms AS span_ms,
-  CASE WHEN a.by_person THEN greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at)) / 1000.0) END
-    AS approval_ms,
-  a.run_ms AS tool_ms,
-  w.run_ms - coalesce(CASE WHEN a.by_person THEN greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at))
-    / 1000.0) END, 0) - a.run_ms AS agent_ms,
+  CASE WHEN a.by_person THEN coalesce(a.blocked_ms,
+    greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at)) / 1000.0)) END AS approval_ms,
+  coalesce(a.execution_ms, a.run_ms) AS tool_ms,
   a.decision, a.decision_source, a.source AS agent,
   CASE WHEN a.source IS NULL THEN 'wire' ELSE 'wire+agent' END AS accounts
-FROM w LEFT JOIN a USING (request_id, position);
+FROM w LEFT JOIN a USING (request_id, position));
 """
 
 # The agent logs an API request when it ends, with its duration: the wire request of its session (`same_session`)

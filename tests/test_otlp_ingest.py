@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 import urllib.error
@@ -247,14 +248,13 @@ async def test_a_big_export_is_decoded_off_the_event_loop_and_50_mb_get_a_413(se
     body = orjson.dumps(big)
     assert len(body) < otlp.MAX_EXPORT_BYTES
     started = time.perf_counter()
-    agent_events.decode_logs(body, "application/json", None, otlp.MAX_EXPORT_BYTES, datetime.now(timezone.utc))
+    agent_events.decode("v1/logs", body, "application/json", None, otlp.MAX_EXPORT_BYTES, datetime.now(timezone.utc))
     decode_ms = (time.perf_counter() - started) * 1000
     assert decode_ms > 500  # what a stall would be, were it on the loop
 
     async with aiohttp.ClientSession() as s:
         for _ in range(5):
             await stream_once(s, admin.url)
-        before = await sql(admin, "SELECT max(ttft_ms) FROM requests")
         assert health_lag(admin) < decode_ms / 4
         streams = asyncio.gather(*(stream_once(s, admin.url) for _ in range(20)))
         status, _, _ = await post(s, admin.url, body, "application/json", token)
@@ -273,8 +273,10 @@ async def test_a_big_export_is_decoded_off_the_event_loop_and_50_mb_get_a_413(se
         await streams
     assert declared == sent_chunked == (413, 8)
     assert await sql(admin, "SELECT count(*) FROM agent_events") == [(4000,)]
-    (after,) = await sql(admin, "SELECT max(ttft_ms) FROM requests WHERE path = '/v1/chat/completions'")
-    assert after[0] < before[0][0] * 3 + 30, (before, after)
+    ttfts = [t for (t,) in await sql(admin, "SELECT ttft_ms FROM requests WHERE path = '/v1/chat/completions' "
+                                            "ORDER BY started_at")]
+    before, during = statistics.median(ttfts[:5]), statistics.median(ttfts[-10:])  # a shared machine's noise:
+    assert during < before * 3 + 30, (ttfts[:5], ttfts[-10:])  # medians, not one outlier
 
 
 @pytest.mark.real_cli

@@ -51,7 +51,8 @@ def test_claude_code_gets_its_telemetry_variables_owner_only_and_once(tmp_path: 
         "FOO": "1", "ANTHROPIC_BASE_URL": URL + "/anthropic", "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
         "OTEL_LOGS_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
         "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {token}",
-        "OTEL_LOGS_EXPORT_INTERVAL": "500"}}
+        "OTEL_LOGS_EXPORT_INTERVAL": "500", "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1", "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_EXPORT_INTERVAL": "500"}}
     assert mode(settings) == 0o600 and mode(Path(os.environ["LLMTAP_HOME"]) / "telemetry-token") == 0o600
     code, out = invoke(tmp_path, "claude-code", "--write")
     assert out.splitlines()[-1] == f"{settings} already has this configuration: nothing written"

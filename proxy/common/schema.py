@@ -152,6 +152,7 @@ AGENT_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("decision", "VARCHAR"),
     ("decision_source", "VARCHAR"),
     ("duration_ms", "DOUBLE"),
+    ("ttft_ms", "DOUBLE"),
     ("success", "BOOLEAN"),
     ("model", "VARCHAR"),
     ("request_id", "VARCHAR"),
@@ -159,6 +160,8 @@ AGENT_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("status_code", "INTEGER"),
     ("input_tokens", "BIGINT"),
     ("output_tokens", "BIGINT"),
+    ("span_id", "VARCHAR"),
+    ("parent_span_id", "VARCHAR"),
 )
 
 REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)

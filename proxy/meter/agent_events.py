@@ -15,13 +15,16 @@ It runs in the decoding process (proxy/relay/otlp.py), never on the relay's even
 
 from __future__ import annotations
 
+import base64
 import re
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from proxy.common.schema import AGENT_EVENT_COLUMNS
@@ -33,19 +36,22 @@ PROTOBUF = "application/x-protobuf"
 # The events the timeline uses, by the event name's last part (`claude_code.tool_result` -> tool_result).
 KINDS = frozenset({"user_prompt", "tool_decision", "tool_result", "tool_call", "api_request", "api_response",
                    "api_error", "turn_ttft"})
+# The spans kept (Claude Code's beta traces), by the end of their name
+SPANS = (".tool", ".tool.blocked_on_user", ".tool.execution", ".llm_request")
 # Each column's attributes, first found wins (Claude Code's, Codex's, Gemini CLI's names). Nothing else is read.
 COLUMNS: dict[str, tuple[str, ...]] = {
     "session_id": ("session.id", "conversation.id"),
+    "ttft_ms": ("ttft_ms",),
     "sequence": ("event.sequence",),
     "prompt_id": ("prompt.id", "prompt_id"),
     "tool_name": ("tool_name", "function_name"),
-    "call_id": ("tool_use_id", "call_id"),
+    "call_id": ("tool_use_id", "call_id", "gen_ai.tool.call.id"),
     "decision": ("decision",),
     "decision_source": ("source",),
     "duration_ms": ("duration_ms",),
     "success": ("success",),
-    "model": ("model",),
-    "request_id": ("request_id",),
+    "model": ("model", "gen_ai.request.model"),
+    "request_id": ("request_id", "gen_ai.response.id"),
     "attempt": ("attempt",),
     "status_code": ("status_code", "http.response.status_code"),
     "input_tokens": ("input_tokens", "input_token_count"),
@@ -91,37 +97,71 @@ def body_of(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
     return body
 
 
-def decode_logs(raw: bytes, content_type: str | None, content_encoding: str | None, limit: int,
-                received_at: datetime) -> list[tuple[Any, ...]]:
-    """The `agent_events` rows of one OTLP logs export (schema.AGENT_EVENT_COLUMNS, in order)."""
+def decode(signal: str, raw: bytes, content_type: str | None, content_encoding: str | None, limit: int,
+           received_at: datetime) -> list[tuple[Any, ...]]:
+    """The `agent_events` rows of one OTLP export of `signal` ("v1/logs" or "v1/traces"; schema.AGENT_EVENT_COLUMNS,
+    in order)."""
     kind = media_type(content_type)
     body = body_of(raw, content_encoding, limit)
-    message = ExportLogsServiceRequest()
+    message = ExportLogsServiceRequest() if signal == "v1/logs" else ExportTraceServiceRequest()
     try:
         if kind == JSON:
             json_format.Parse(body, message, ignore_unknown_fields=True)
         else:
             message.ParseFromString(body)
     except (json_format.ParseError, DecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ExportError(400, f"not an OTLP logs export ({kind}): {str(exc)[:200]}") from None
-    return list(_rows(message, received_at))
+        raise ExportError(400, f"not an OTLP {signal[3:]} export ({kind}): {str(exc)[:200]}") from None
+    if isinstance(message, ExportLogsServiceRequest):
+        return [_row(found, received_at) for found in _events(message)]
+    return [_row(found, received_at) for found in _spans(message, kind == JSON)]
 
 
-def _rows(message: ExportLogsServiceRequest, received_at: datetime) -> Any:
+Found = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # (resource attributes, attributes, own columns)
+
+
+def _events(message: ExportLogsServiceRequest) -> Iterator[Found]:
     for resource_logs in message.resource_logs:
         resource = _attributes(resource_logs.resource.attributes, frozenset(RESOURCE.values()))
         for scope_logs in resource_logs.scope_logs:
             for record in scope_logs.log_records:
                 attrs = _attributes(record.attributes, _WANTED)
                 name = _event_name(attrs.get("event.name"), record)
-                if name is None or name.rpartition(".")[2] not in KINDS:
+                if name is not None and name.rpartition(".")[2] in KINDS:
+                    yield resource, attrs, {"event_name": name,
+                                            "event_at": _event_time(record, attrs.get("event.timestamp"))}
+
+
+def _spans(message: ExportTraceServiceRequest, json: bool) -> Iterator[Found]:
+    """Claude Code's beta spans (CLAUDE_CODE_ENHANCED_TELEMETRY_BETA): the tool, its wait for the person, its
+    execution, each API request; at their end, with their own duration and their ids (as hex)."""
+    for resource_spans in message.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes, frozenset(RESOURCE.values()))
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if not span.name.endswith(SPANS) or not span.end_time_unix_nano:
                     continue
-                row: dict[str, Any] = {"received_at": received_at, "event_name": name,
-                                       "event_at": _event_time(record, attrs.get("event.timestamp"))}
-                row.update({column: resource.get(attr) for column, attr in RESOURCE.items()})
-                for column, names in COLUMNS.items():
-                    row[column] = next((attrs[a] for a in names if attrs.get(a) not in (None, "")), None)
-                yield tuple(_typed(n, row.get(n)) for n in _NAMES)
+                yield resource, _attributes(span.attributes, _WANTED), {
+                    "event_name": span.name[:TEXT_MAX], "event_at": _utc(span.end_time_unix_nano),
+                    "duration_ms": (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6,
+                    "span_id": _hex(span.span_id, json), "parent_span_id": _hex(span.parent_span_id, json)}
+
+
+def _hex(raw: bytes, json: bool) -> str | None:
+    """An id as OTLP writes it in hex. OTLP/JSON sends hex where protobuf's JSON mapping reads base64, so
+    `json_format` gave its base64 decoding: encoded back, that is the hex text as sent."""
+    if not raw:
+        return None
+    return base64.b64encode(raw).decode("ascii") if json else raw.hex()
+
+
+def _row(found: Found, received_at: datetime) -> tuple[Any, ...]:
+    resource, attrs, own = found
+    row: dict[str, Any] = {"received_at": received_at}
+    row.update({column: resource.get(attr) for column, attr in RESOURCE.items()})
+    for column, names in COLUMNS.items():
+        row[column] = next((attrs[a] for a in names if attrs.get(a) not in (None, "")), None)
+    row.update({k: v for k, v in own.items() if v is not None})
+    return tuple(_typed(n, row.get(n)) for n in _NAMES)
 
 
 def _attributes(pairs: Any, wanted: frozenset[str]) -> dict[str, Any]:
@@ -156,7 +196,11 @@ def _event_time(record: Any, stamp: Any) -> datetime | None:
         except ValueError:
             pass
     nanos = nanos or record.observed_time_unix_nano
-    return datetime.fromtimestamp(nanos / 1e9, timezone.utc) if nanos else None
+    return _utc(nanos) if nanos else None
+
+
+def _utc(nanos: int) -> datetime:
+    return datetime.fromtimestamp(nanos / 1e9, timezone.utc)
 
 
 def _typed(column: str, value: Any) -> Any:

@@ -28,9 +28,9 @@ class Decoder:
         self._pool: ProcessPoolExecutor | None = None
         self.pending = 0  # exports being read or decoded
 
-    async def logs(self, body: bytes, limit: int, content_type: str | None, encoding: str | None,
-                   received_at: datetime) -> list[tuple[Any, ...]]:
-        """The export's `agent_events` rows (agent_events.decode_logs, in the process); its ExportError;
+    async def decode(self, signal: str, body: bytes, limit: int, content_type: str | None, encoding: str | None,
+                     received_at: datetime) -> list[tuple[Any, ...]]:
+        """The export's `agent_events` rows (agent_events.decode, in the process); its ExportError;
         BrokenProcessPool if the process died (the next call starts another)."""
         loop = asyncio.get_running_loop()
         if self._pool is None:
@@ -38,8 +38,8 @@ class Decoder:
                                              initializer=os.nice, initargs=(DECODER_NICE,))
         pool = self._pool
         # submitted from a thread: the first submit starts the process (a fork and exec), never on the loop
-        future = await loop.run_in_executor(None, pool.submit, agent_events.decode_logs, body, content_type,
-                                            encoding, limit, received_at)
+        future = await loop.run_in_executor(None, pool.submit, agent_events.decode, signal, body,
+                                            content_type, encoding, limit, received_at)
         try:
             return await asyncio.wrap_future(future)
         except BrokenProcessPool:

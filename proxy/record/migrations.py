@@ -229,8 +229,9 @@ def m010_agent_events(con: duckdb.DuckDBPyConnection) -> None:
             received_at TIMESTAMPTZ, event_at TIMESTAMPTZ, source VARCHAR, source_version VARCHAR,
             session_id VARCHAR, event_name VARCHAR, sequence BIGINT, prompt_id VARCHAR,
             tool_name VARCHAR, call_id VARCHAR, decision VARCHAR, decision_source VARCHAR,
-            duration_ms DOUBLE, success BOOLEAN, model VARCHAR, request_id VARCHAR,
-            attempt INTEGER, status_code INTEGER, input_tokens BIGINT, output_tokens BIGINT
+            duration_ms DOUBLE, ttft_ms DOUBLE, success BOOLEAN, model VARCHAR, request_id VARCHAR,
+            attempt INTEGER, status_code INTEGER, input_tokens BIGINT, output_tokens BIGINT,
+            span_id VARCHAR, parent_span_id VARCHAR
         )
         """
     )

@@ -1,8 +1,8 @@
 """The agents' own telemetry, received: OTLP/HTTP under /_llmtap/otlp/ (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
-The OTel SDKs append `/v1/logs`, `/v1/metrics` and `/v1/traces` to the endpoint. Logs, as protobuf or
-JSON, become `agent_events` rows (proxy/meter/agent_events.py: an allow-list, never content); metrics
-and traces are answered with success and not kept (the timeline uses none of them).
+The OTel SDKs append `/v1/logs`, `/v1/metrics` and `/v1/traces` to the endpoint. Logs and traces, as
+protobuf or JSON, become `agent_events` rows (proxy/meter/agent_events.py: the events and spans the
+timeline uses, by an allow-list, never content); metrics are answered with success and not read.
 
 Who may post: a request carrying the telemetry token (`Authorization: Bearer`, or the endpoint's last
 segment, `/_llmtap/otlp/<token>`, for a CLI that sends no headers; kept owner-only beside the client key:
@@ -114,10 +114,10 @@ async def _take(request: web.Request, state: AppState, signal: str, json: bool) 
         return too_large
     if state.admin_relay is not None:  # a worker: the primary decodes and stores
         return await state.admin_relay(request, PREFIX[len("/_llmtap/"):] + signal, body)
-    if signal == "v1/logs":
+    if signal != "v1/metrics":  # the timeline uses no metric
         try:
-            rows = await state.agent_decoder.logs(body, MAX_EXPORT_BYTES, request.headers.get("Content-Type"),
-                                                  request.headers.get("Content-Encoding"), received_at)
+            rows = await state.agent_decoder.decode(signal, body, MAX_EXPORT_BYTES, request.headers.get("Content-Type"),
+                                                    request.headers.get("Content-Encoding"), received_at)
         except agent_events.ExportError as exc:
             return error(exc.status, str(exc), json)
         except BrokenProcessPool:

@@ -25,7 +25,7 @@ from proxy.tools import toml_edit
 
 TOOLS = ("claude-code", "codex", "gemini-cli")  # the CLIs whose telemetry setup sends to llmtap
 OTLP_PATH = "/_llmtap/otlp"
-EXPORT_INTERVAL_MS = "500"  # Claude Code's logs: each event within half a second, not the SDK's 5 s
+EXPORT_INTERVAL_MS = "500"  # Claude Code's logs and spans: each within half a second, not the SDK's 5 s
 CODEX_TABLE = ("otel", "exporter", "otlp-http")
 OWN_COLLECTOR = ("{tool} already sends its telemetry to {where}: left as it is. To send it to llmtap too, "
                  "fan it out in your collector (an `otlphttp` exporter to {endpoint} with the header "
@@ -64,6 +64,10 @@ def claude_env(t: Telemetry) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": t.endpoint,
         "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {t.token}",
         "OTEL_LOGS_EXPORT_INTERVAL": EXPORT_INTERVAL_MS,
+        # its beta traces: a tool's wait for the person and its execution, each timed exactly
+        "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_EXPORT_INTERVAL": EXPORT_INTERVAL_MS,
     }
 
 
