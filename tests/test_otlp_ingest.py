@@ -299,8 +299,8 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
         def events() -> list[dict[str, Any]]:
             return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
 
-        await wait_until(lambda: any(e["event_name"] == "claude_code.tool_result" for e in events()),
-                         what="Claude Code's tool_result in agent_events")
+        await wait_until(lambda: {"claude_code.tool_result", "claude_code.tool.execution"} <=
+                         {e["event_name"] for e in events()}, what="Claude Code's tool_result and its span")
         wire = rows(p, "SELECT session_id, tool_calls FROM requests WHERE tool_calls IS NOT NULL")
         agent = events()
     [(session_id, calls)] = [(w["session_id"], w["tool_calls"]) for w in wire]
@@ -318,9 +318,12 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
     print(f"\nClaude Code Bash: the command's own run {command_ms:.0f} ms, Claude Code's duration_ms "
           f"{result['duration_ms']:.0f}, llmtap's tool span {figures['span_s'] * 1000:.0f} ms")
     [run], api = accounts(tmp_path / "llmtap.duckdb")
+    [execution] = [e for e in agent if e["event_name"] == "claude_code.tool.execution"]
+    assert execution["call_id"] == calls[0]["id"] and command_ms <= execution["duration_ms"] + 5
     assert (run["accounts"], run["call_id"], run["approval_ms"], run["tool_ms"]) == (
-        "wire+agent", calls[0]["id"], None, result["duration_ms"])
+        "wire+agent", calls[0]["id"], None, execution["duration_ms"])
     assert run["agent_ms"] == pytest.approx(run["span_ms"] - run["tool_ms"])
+    print(f"  its tool.execution span {execution['duration_ms']:.0f} ms; the agent's own time {run['agent_ms']:.0f} ms")
     assert len(api) == 2 and all(a["request_id"] is not None and a["client_ms"] >= 0 for a in api), api
     print_api(api)
 
@@ -458,8 +461,9 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
             def events() -> list[dict[str, Any]]:
                 return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
 
-            await wait_until(lambda: any(e["event_name"] == "claude_code.tool_result" for e in events()), 60,
-                             "Claude Code's tool_result")
+            await wait_until(lambda: {"claude_code.tool_result", "claude_code.tool.execution",
+                                      "claude_code.tool.blocked_on_user"} <= {e["event_name"] for e in events()}, 60,
+                             "Claude Code's tool_result and spans")
             await wait_until(lambda: rows(p, "SELECT count(*) AS n FROM requests WHERE tool_results IS NOT NULL")[0]
                              ["n"] > 0, 60, "the request carrying the result")
             tmux("send-keys", "-t", session, "-l", "/exit")
@@ -473,11 +477,18 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
     command_ms = (times[1] - times[0]) * 1000
     runs, _api = accounts(tmp_path / "llmtap.duckdb")
     [run] = [r for r in runs if r["name"] == "Bash" and r["span_ms"] is not None]
+    [result] = [e for e in agent if e["event_name"] == "claude_code.tool_result"]
+    [decision] = [e for e in agent if e["event_name"] == "claude_code.tool_decision"]
+    decided_ms = (decision["event_at"] - run["asked_at"]).total_seconds() * 1000
     print(f"\ninteractive Claude Code: the prompt shown to approved {(approved - asked) * 1000:.0f} ms (the test "
           f"waited {APPROVAL_S * 1000:.0f}); llmtap's tool span {run['span_ms']:.0f} ms = approval "
-          f"{run['approval_ms']:.0f} ms + Bash's run (Claude Code's duration_ms) {run['tool_ms']:.0f} ms + the "
-          f"agent's own {run['agent_ms']:.0f} ms; the command's own run {command_ms:.0f} ms")
+          f"{run['approval_ms']:.0f} ms + Bash's run (its tool.execution span) {run['tool_ms']:.0f} ms + the "
+          f"agent's own {run['agent_ms']:.0f} ms; the command's own run {command_ms:.0f} ms, its tool_result's "
+          f"duration_ms {result['duration_ms']:.0f}; its tool_decision {decided_ms:.0f} ms after the span's start")
     assert run["accounts"] == "wire+agent" and run["decision_source"].startswith("user")
-    assert abs(run["approval_ms"] - (approved - asked) * 1000) < 300  # the wait, within the screen's polling
+    # the person's wait, and Claude Code's own time to put the prompt up (some 200 ms here on an idle machine,
+    # 500 under a load of 10 on 2 cores): the wait as the test saw the screen, within its polling
+    waited_ms = (approved - asked) * 1000
+    assert waited_ms - 100 <= run["approval_ms"] <= waited_ms + 1000, (run["approval_ms"], waited_ms)
     assert command_ms <= run["tool_ms"] + 5 and run["agent_ms"] >= 0
     assert run["approval_ms"] + run["tool_ms"] + run["agent_ms"] == pytest.approx(run["span_ms"])
