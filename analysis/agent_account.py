@@ -21,11 +21,22 @@ Views (`create_agent_views`):
 - `tool_run_accounts`: one row per wire call (the `tool_runs` view), its agent's account LEFT JOINed: by
   session and call id, else (no id) by tool name and order within the wire span's time;
 - `api_request_accounts`: one row per agent API event, with the wire request it was (or none).
+
+For the timeline (analysis/timeline.py): read `tool_run_accounts` where it reads `tool_runs` (the same rows,
+one per wire call, LEFT JOINed: `accounts` is `wire` where the agent said nothing). A tool span from `start`
+to `end` then splits into `approval_ms` from its start (the person's: counted as you; of a group of calls,
+the longest), the calls' `tool_ms` (each call's own run, for `report --by tool_name`; the group's wall
+once), and the rest, the agent's own time. A session whose calls have any `wire+agent` row was built from
+both accounts. `api_request_accounts` gives each request the agent's `client_ms` (its own time around the
+wire's), and the agent's requests that never reached llmtap (`never_reached_llmtap`), to show as it saw
+them: from `event_at - agent_ms` to `event_at`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.common.schema import AGENT_EVENT_COLUMNS
 
 PERSON = "lower(decision_source) LIKE 'user%'"  # Claude Code's user_temporary/_permanent/_reject/_abort, Codex's user
 SLACK = "INTERVAL 1 SECOND"  # how far past a tool span's end the agent may report the call
@@ -139,11 +150,13 @@ FROM m;
 
 
 def create_agent_views(con: Any) -> bool:
-    """Create the views on a DuckDB connection or cursor that has `agent_events`, `requests` and the
-    `tool_runs` view (analysis/views.py); False (nothing created) where the table is missing."""
+    """Create the views on a DuckDB connection or cursor that has `requests` and the `tool_runs` view
+    (analysis/views.py). Where the database has no `agent_events` (one older than m010, an export), an
+    empty `agent_events` view stands in, so a query can always LEFT JOIN the accounts; False then."""
     found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main' AND "
                         "table_name = 'agent_events' AND database_name = current_database()").fetchone()[0]
     if not found:
-        return False
+        columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in AGENT_EVENT_COLUMNS)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW agent_events AS SELECT {columns} WHERE false")
     con.execute(AGENT_TOOL_CALLS_SQL + TOOL_RUN_ACCOUNTS_SQL + API_REQUEST_ACCOUNTS_SQL)
-    return True
+    return bool(found)

@@ -142,3 +142,18 @@ async def test_calls_without_ids_join_by_name_and_order(sim: Simulator, tmp_path
     assert [(r["position"], r["tool_ms"], r["accounts"], r["approval_ms"]) for r in runs] == [
         (1, 100.0, "wire+agent", None), (2, 250.0, "wire+agent", None)]
     assert len(calls) == 2 and ended < first
+
+
+def test_a_database_without_agent_events_has_the_views_empty() -> None:
+    """One recorded before m010 (or an export): the accounts are there to LEFT JOIN, and say `wire`."""
+    from proxy.record.migrations import MIGRATIONS, migrate
+
+    con = duckdb.connect()
+    migrate(con, [m for m in MIGRATIONS if m.__name__ < "m010"])
+    con.execute("INSERT INTO requests (id, started_at, kind, session_id, e2e_ms, tool_calls) VALUES "
+                "('r1', now(), 'generation', 's', 50, [{'id': 'c1', 'name': 'Bash', 'ended_ms': 40.0}])")
+    create_views(con)
+    assert create_agent_views(con) is False
+    assert con.execute("SELECT call_id, accounts, approval_ms, tool_ms FROM tool_run_accounts").fetchall() == [
+        ("c1", "wire", None, None)]
+    assert con.execute("SELECT count(*) FROM api_request_accounts").fetchall() == [(0,)]
