@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import time
@@ -43,6 +42,7 @@ from .serving import RunningProxy
 from .test_real_cli_sessions import check_tool_span, command, scripted
 from .test_real_clis import CLAUDE_QUIET, CODEX_CONFIG, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
 from .test_serve_process import start_serve, stream_once
+from .test_workers import stop
 from .waiting import wait_until
 
 GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
@@ -59,12 +59,7 @@ async def served(sim: Simulator, tmp_path: Path) -> AsyncIterator[tuple[running.
     try:
         yield admin, token
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        stop(proc)
 
 
 def claude_code_export(session: str = "sess-1", call: str = "toolu_01") -> dict[str, Any]:
@@ -213,6 +208,15 @@ def accounts(db: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         con.close()
 
 
+async def reported(p: RunningProxy, *names: str) -> list[dict[str, Any]]:
+    """The proxy's agent_events, once they hold each of `names` (the CLI exports as it ends)."""
+    def events() -> list[dict[str, Any]]:
+        return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
+
+    await wait_until(lambda: set(names) <= {e["event_name"] for e in events()}, 60, f"{', '.join(names)} received")
+    return events()
+
+
 def print_api(api: list[dict[str, Any]]) -> None:
     for a in api:
         print(f"  {a['event_name']}: the agent's {a['agent_ms']:.0f} ms, llmtap's {a['measure']} "
@@ -295,14 +299,8 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
         code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
                                         "--allowedTools", "Bash"], env, tmp_path)
         assert code == 0, out + err
-
-        def events() -> list[dict[str, Any]]:
-            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
-
-        await wait_until(lambda: {"claude_code.tool_result", "claude_code.tool.execution"} <=
-                         {e["event_name"] for e in events()}, what="Claude Code's tool_result and its span")
+        agent = await reported(p, "claude_code.tool_result", "claude_code.tool.execution")
         wire = rows(p, "SELECT session_id, tool_calls FROM requests WHERE tool_calls IS NOT NULL")
-        agent = events()
     [(session_id, calls)] = [(w["session_id"], w["tool_calls"]) for w in wire]
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision_source']} "
                            f"{e['duration_ms']}" for e in agent))
@@ -346,13 +344,7 @@ async def test_real_codex_reports_its_tool_run_with_the_wires_ids(clis: Path, tm
         code, out, err = await run_cli([str(clis / "node_modules/.bin/codex"), "exec", "--skip-git-repo-check",
                                         "--dangerously-bypass-approvals-and-sandbox", "run the check"], env, tmp_path)
         assert code == 0, out + err
-
-        def events() -> list[dict[str, Any]]:
-            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
-
-        await wait_until(lambda: any(e["event_name"] == "codex.tool_result" for e in events()),
-                         what="Codex's tool_result in agent_events")
-        agent = events()
+        agent = await reported(p, "codex.tool_result")
         wire = rows(p, "SELECT session_id, tool_calls FROM requests WHERE tool_calls IS NOT NULL")
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['session_id']} {e['call_id']} "
                            f"{e['decision_source']} {e['duration_ms']}" for e in agent))
@@ -395,13 +387,7 @@ async def test_real_gemini_cli_reports_its_tool_call_joined_by_name_and_time(tmp
         code, out, err = await run_cli([str(binary), "-p", "run the check", "--yolo", "-m", "gemini-2.5-pro"],
                                        env, tmp_path)
         assert code == 0, out + err
-
-        def events() -> list[dict[str, Any]]:
-            return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
-
-        await wait_until(lambda: any(e["event_name"] == "gemini_cli.tool_call" for e in events()),
-                         what="Gemini CLI's tool_call in agent_events")
-        agent = events()
+        agent = await reported(p, "gemini_cli.tool_call")
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['session_id']} {e['tool_name']} "
                            f"{e['decision']} {e['duration_ms']}" for e in agent))
     [call] = [e for e in agent if e["event_name"] == "gemini_cli.tool_call"]
@@ -457,18 +443,12 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
             await asyncio.sleep(APPROVAL_S)  # the person reading the prompt: the wait this test measures
             tmux("send-keys", "-t", session, "Enter")
             approved = time.time()
-
-            def events() -> list[dict[str, Any]]:
-                return rows(p, "SELECT * FROM agent_events ORDER BY event_at")
-
-            await wait_until(lambda: {"claude_code.tool_result", "claude_code.tool.execution",
-                                      "claude_code.tool.blocked_on_user"} <= {e["event_name"] for e in events()}, 60,
-                             "Claude Code's tool_result and spans")
+            agent = await reported(p, "claude_code.tool_result", "claude_code.tool.execution",
+                                   "claude_code.tool.blocked_on_user")
             await wait_until(lambda: rows(p, "SELECT count(*) AS n FROM requests WHERE tool_results IS NOT NULL")[0]
                              ["n"] > 0, 60, "the request carrying the result")
             tmux("send-keys", "-t", session, "-l", "/exit")
             tmux("send-keys", "-t", session, "Enter")
-            agent = events()
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision']} "
