@@ -8,6 +8,7 @@ a web page, garbage, 50 MB), and that decoding never runs on the relay's event l
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ from analysis.views import create_views
 from proxy.common import instances as running
 from proxy.meter import agent_events
 from proxy.relay import otlp
+from proxy.serve.workers import VIA_HEADER
 from proxy.settings.client_key import telemetry_token
 from proxy.simulator.app import Simulator
 from proxy.tools.telemetry_setup import Telemetry, gemini_merge
@@ -42,7 +44,8 @@ from .serving import RunningProxy
 from .test_real_cli_sessions import check_tool_span, command, scripted
 from .test_real_clis import CLAUDE_QUIET, CODEX_CONFIG, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
 from .test_serve_process import start_serve, stream_once
-from .test_workers import stop
+from .test_workers import fresh_connections, stop
+from .test_workers import start_serve as start_workers
 from .waiting import wait_until
 
 GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
@@ -472,3 +475,25 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
     assert waited_ms - 100 <= run["approval_ms"] <= waited_ms + 1000, (run["approval_ms"], waited_ms)
     assert command_ms <= run["tool_ms"] + 5 and run["agent_ms"] >= 0
     assert run["approval_ms"] + run["tool_ms"] + run["agent_ms"] == pytest.approx(run["span_ms"])
+
+
+async def test_serve_workers_take_exports_on_either_process(sim: Simulator, tmp_path: Path) -> None:
+    """`serve --workers 2`: an export a worker takes is checked there and stored by the primary, gzip too."""
+    proc, state = await start_workers(sim.url, tmp_path / "workers.duckdb")
+    admin = running.AdminClient(state.url, state.admin_token)
+    token = (Path(os.environ["LLMTAP_HOME"]) / "telemetry-token").read_text().strip()
+    body = orjson.dumps(claude_code_export())
+    try:
+        async with fresh_connections() as s:
+            statuses, via = [], set()
+            for i in range(20):
+                async with s.post(state.url + otlp.PREFIX + "v1/logs", data=gzip.compress(body) if i % 2 else body,
+                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+                                           **({"Content-Encoding": "gzip"} if i % 2 else {})}) as r:
+                    statuses.append(r.status)
+                    via.add(r.headers.get(VIA_HEADER))
+            refused = [(await post(s, state.url, body, "application/json", None))[0] for _ in range(10)]
+        assert statuses == [200] * 20 and via == {None, "1"} and refused == [401] * 10
+        assert await sql(admin, "SELECT count(*) FROM agent_events") == [(80,)]
+    finally:
+        stop(proc)

@@ -150,7 +150,7 @@ class Workers:
             path = self._admin_dir / "admin.sock"
         path.unlink(missing_ok=True)
         runner = web.AppRunner(admin.private_app(self.state), access_log=None, handler_cancellation=True,
-                               shutdown_timeout=2.0)
+                               shutdown_timeout=2.0, auto_decompress=False)  # an OTLP export's gzip: the decoder's
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()
         os.chmod(path, 0o600)
