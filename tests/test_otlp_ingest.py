@@ -497,3 +497,26 @@ async def test_serve_workers_take_exports_on_either_process(sim: Simulator, tmp_
         assert await sql(admin, "SELECT count(*) FROM agent_events") == [(80,)]
     finally:
         stop(proc)
+
+
+async def test_a_storm_of_exports_gets_429s_past_the_ones_under_way(served: Any) -> None:
+    """At most MAX_PENDING exports are read or decoded at once; the others are answered at once with a 429
+    and Retry-After (the SDKs retry), their bodies unread, and nothing of them stored."""
+    admin, token = served
+    big = claude_code_export()
+    big["resourceLogs"][0]["scopeLogs"][0]["logRecords"] *= 500  # 2,500 records: a long decode each
+    body = orjson.dumps(big)
+    async with aiohttp.ClientSession() as s:
+
+        async def one() -> tuple[int, str | None, int]:
+            async with s.post(admin.url + otlp.PREFIX + "v1/logs", data=body, headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {token}"}) as r:
+                answer = await r.read()
+                return r.status, r.headers.get("Retry-After"), rpc_status(answer, r.content_type).code if \
+                    r.status != 200 else 0
+
+        answers = await asyncio.gather(*(one() for _ in range(3 * otlp.MAX_PENDING)))
+    taken = [a for a in answers if a[0] == 200]
+    assert otlp.MAX_PENDING <= len(taken) < len(answers)
+    assert set(answers) - set(taken) == {(429, str(otlp.RETRY_AFTER_S), 8)}
+    assert await sql(admin, "SELECT count(*) FROM agent_events") == [(len(taken) * 2000,)]
