@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime
@@ -19,6 +21,20 @@ from typing import Any
 from proxy.meter import agent_events
 
 DECODER_NICE = 10  # the decoding process's nice value over the proxy's
+ORPHAN_CHECK_S = 1.0
+
+
+def _started(parent: int) -> None:
+    """In the decoding process: a lower priority, and its end with the proxy's, however that ends (a
+    SIGKILL included: its queue's pipe stays open in this process, so it would wait on it for ever)."""
+    os.nice(DECODER_NICE)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="llmtap-decoder-parent", daemon=True).start()
 
 
 class Decoder:
@@ -35,7 +51,7 @@ class Decoder:
         loop = asyncio.get_running_loop()
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=os.nice, initargs=(DECODER_NICE,))
+                                             initializer=_started, initargs=(os.getpid(),))
         pool = self._pool
         # submitted from a thread: the first submit starts the process (a fork and exec), never on the loop
         future = await loop.run_in_executor(None, pool.submit, agent_events.decode, signal, body,
