@@ -40,6 +40,7 @@ from proxy.simulator.app import Simulator
 from proxy.tools.telemetry_setup import Telemetry, gemini_merge
 
 from .conftest import proxy_config, rows
+from .procfs import children
 from .serving import RunningProxy
 from .test_real_cli_sessions import check_tool_span, command, scripted
 from .test_real_clis import CLAUDE_QUIET, CODEX_CONFIG, base_env, clis, run_cli, write_setup  # noqa: F401  (clis: a fixture)
@@ -520,3 +521,18 @@ async def test_a_storm_of_exports_gets_429s_past_the_ones_under_way(served: Any)
     assert otlp.MAX_PENDING <= len(taken) < len(answers)
     assert set(answers) - set(taken) == {(429, str(otlp.RETRY_AFTER_S), 8)}
     assert await sql(admin, "SELECT count(*) FROM agent_events") == [(len(taken) * 2000,)]
+
+
+async def test_the_decoding_process_ends_with_a_killed_proxy(sim: Simulator, tmp_path: Path) -> None:
+    proc, admin = await start_serve(sim.url, tmp_path / "killed.duckdb", "--quiet")
+    token = (Path(os.environ["LLMTAP_HOME"]) / "telemetry-token").read_text().strip()
+    try:
+        async with aiohttp.ClientSession() as s:
+            assert (await post(s, admin.url, orjson.dumps(claude_code_export()), "application/json", token))[0] == 200
+        started = children(proc.pid)[1:]
+        assert started  # the decoding process (and multiprocessing's resource tracker)
+    finally:
+        proc.kill()
+        proc.wait()  # (its pipes stay open while an orphan holds them)
+    await wait_until(lambda: not [pid for pid in started if Path(f"/proc/{pid}").exists()], 10,
+                     "the decoding process's end")
