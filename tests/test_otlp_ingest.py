@@ -533,6 +533,9 @@ async def test_the_decoding_process_ends_with_a_killed_proxy(sim: Simulator, tmp
         assert started  # the decoding process (and multiprocessing's resource tracker)
     finally:
         proc.kill()
-        proc.wait()  # (its pipes stay open while an orphan holds them)
+        proc.wait()  # not communicate(): its pipes stay open while an orphan holds them
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     await wait_until(lambda: not [pid for pid in started if Path(f"/proc/{pid}").exists()], 10,
                      "the decoding process's end")
