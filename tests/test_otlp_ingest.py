@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import time
@@ -422,6 +423,8 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
     APPROVAL_S at "Do you want to proceed?", then approves. The agent's tool_decision (source: the person)
     splits the wire's tool span: the wait lands with the person, the rest is the command's run and the
     agent's own time."""
+    if shutil.which("tmux") is None:
+        pytest.skip("no tmux to run Claude Code interactively in")
     marks = tmp_path / "marks"
     cfg = scripted("Bash", {"command": command(marks), "description": "Sleep a while"})
     home, work = tmp_path / "home", tmp_path / "work"
