@@ -98,6 +98,12 @@ def test_codex_gets_an_otel_exporter_to_the_logs_url(tmp_path: Path) -> None:
     assert codex.read_text().startswith('# mine\nmodel = "gpt-5"\n') and mode(codex) == 0o600
     code, out = invoke(tmp_path, "codex", "--write")
     assert out.splitlines()[-1] == f"{codex} already has this configuration: nothing written"
+    moved = CliRunner().invoke(setup, ["codex", "--write", "--base-url", "http://127.0.0.1:9922"],
+                               env={"HOME": str(tmp_path), "CODEX_HOME": None})
+    assert moved.exit_code == 0, moved.output  # the proxy moved: its exporter replaced, once
+    text = codex.read_text()
+    assert text.count("[otel.exporter.otlp-http]") == 1 and "9911/_llmtap" not in text
+    assert tomllib.loads(text)["otel"]["exporter"]["otlp-http"]["endpoint"] == "http://127.0.0.1:9922/_llmtap/otlp/v1/logs"
 
 
 def test_gemini_cli_settings_carry_the_token_in_the_endpoint() -> None:

@@ -11,7 +11,7 @@ from proxy.common.instances import DEFAULT_URL, LiveProxy, find_running
 from proxy.common.terminal_text import echo
 from proxy.tools.endpoint import base_urls, strip_v1
 from proxy.tools.setup import CODEX_LOGINS, TOOLS
-from proxy.tools.telemetry_setup import TOOLS as TELEMETRY_TOOLS
+from proxy.tools import telemetry_setup
 from proxy.tools.telemetry_setup import Telemetry
 
 
@@ -35,7 +35,7 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
     """Print (or --write) the config that points TOOL at llmtap."""
     from proxy.settings.client_key import SecretFileError
     from proxy.tools import config_files
-    from proxy.tools.setup import Locations, SetupError, plan
+    from proxy.tools.setup import Locations, plan
     from proxy.tools.setup import write as write_config
 
     live = find_running()
@@ -46,27 +46,36 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
     where = Locations.from_env(codex_home=codex_home, cline_data_dir=cline_data_dir)
     try:
         key = _client_key(live)
-        telemetry = None if no_telemetry else _telemetry(tool, live.url if live else base_url or DEFAULT_URL)
-        the_plan = plan(tool, urls, where, env_key, codex_login, key, telemetry)
+        the_plan = plan(tool, urls, where, env_key, codex_login, key)
         if the_plan.file is not None:
             echo(f"# {the_plan.file}")
         echo(the_plan.text, nl=False)
         for note in the_plan.notes:
             echo(f"# {note}")
+        telemetry = None if no_telemetry else _telemetry(tool, live.url if live else base_url or DEFAULT_URL)
+        agent_file = telemetry_setup.settings_file(tool, the_plan.file, Path.home()) if telemetry else None
+        if telemetry is not None and agent_file is not None:
+            change = telemetry_setup.change(tool, agent_file, telemetry)
+            echo(f"# and in {agent_file}, its own telemetry (--no-telemetry: not):\n{change.shown}# {change.note}")
         if not write:
             if the_plan.file is not None:
                 echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key, telemetry=telemetry)
-    except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
+        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
+        extra = (telemetry_setup.write(tool, agent_file, telemetry)
+                 if telemetry is not None and agent_file is not None else None)
+    except (ValueError, config_files.ConfigFileError, SecretFileError) as exc:  # SetupError, TOML's too
         raise click.ClickException(str(exc)) from None
-    if not result.changed:
-        echo(f"{result.path} already has this configuration: nothing written")
-    else:
-        echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
-                                       else " (new file, owner-only)"))
-    for line in result.tightened_lines():
-        echo(line)
+    for written in (result, extra):
+        if written is None:
+            continue
+        if not written.changed:
+            echo(f"{written.path} already has this configuration: nothing written")
+        else:
+            echo(f"wrote {written.path}" + (f" (owner-only backup: {written.backup})" if written.backup
+                                            else " (new file, owner-only)"))
+        for line in written.tightened_lines():
+            echo(line)
 
 
 def _telemetry(tool: str, url: str) -> Telemetry | None:
@@ -76,7 +85,7 @@ def _telemetry(tool: str, url: str) -> Telemetry | None:
     from proxy.common import paths
     from proxy.settings.client_key import telemetry_token
 
-    if tool not in TELEMETRY_TOOLS:
+    if tool not in telemetry_setup.TOOLS:
         return None
     parts = urllib.parse.urlsplit(url)
     return Telemetry(f"{parts.scheme}://{parts.netloc}", telemetry_token(), str(paths.telemetry_token_path()))

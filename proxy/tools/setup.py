@@ -31,9 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from proxy.tools import config_files, telemetry_setup, toml_edit
+from proxy.tools import config_files, toml_edit
 from proxy.tools.endpoint import BaseUrls
-from proxy.tools.telemetry_setup import Telemetry
 
 TOOLS = ("claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk")
 CODEX_PROVIDER = "llmtap"
@@ -134,35 +133,9 @@ INJECTED = "llmtap's client key: the proxy puts the real upstream key in its pla
 
 
 def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
-         login: str | None = None, client_key: str | None = None, telemetry: Telemetry | None = None) -> Plan:
+         login: str | None = None, client_key: str | None = None) -> Plan:
     """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json. `client_key`:
-    the proxy injects the upstream key, so the tool presents llmtap's client key. `telemetry`: the tool's
-    own OpenTelemetry goes to llmtap too (proxy/tools/telemetry_setup.py)."""
-    the_plan = _tool_plan(tool, urls, where, codex_env_key, login, client_key)
-    return the_plan if telemetry is None else _with_telemetry(the_plan, where, telemetry)
-
-
-def _with_telemetry(the_plan: Plan, where: Locations, t: Telemetry) -> Plan:
-    """Claude Code's and Codex's plans with their telemetry settings, or a note that theirs are kept."""
-    sent = f"its own OpenTelemetry (tool runs, approvals, API timings; never content) goes to {t.endpoint}"
-    if the_plan.tool == "claude-code":
-        data = json.loads(the_plan.text)
-        current = (config_files.read_json_object(where.claude_settings) or {}).get("env")
-        note = telemetry_setup.claude_merge(dict(current) if isinstance(current, dict) else {}, t)
-        if note is None:
-            data["env"].update(telemetry_setup.claude_env(t))
-        text = config_files.json_text(data)
-    elif the_plan.tool == "codex":
-        theirs = telemetry_setup.codex_theirs(_codex_toml(where))
-        note = t.own_collector("Codex", theirs) if theirs else None
-        text = the_plan.text + ("" if note else telemetry_setup.codex_snippet(t))
-    else:
-        return the_plan
-    return Plan(the_plan.tool, text, the_plan.file, [*the_plan.notes, note or sent + " (--no-telemetry: not)"])
-
-
-def _tool_plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str, login: str | None,
-               client_key: str | None) -> Plan:
+    the proxy injects the upstream key, so the tool presents llmtap's client key."""
     if tool == "claude-code":
         text = config_files.json_text(claude_settings({}, urls, client_key))
         key_note = (f"ANTHROPIC_AUTH_TOKEN is {INJECTED}" if client_key else
@@ -230,8 +203,7 @@ def _key_line(variable: str, client_key: str | None) -> str:
     return f"export {variable}={client_key}\n" if client_key else ""
 
 
-def claude_settings(data: dict[str, Any], urls: BaseUrls, client_key: str | None = None,
-                    telemetry: Telemetry | None = None) -> dict[str, Any]:
+def claude_settings(data: dict[str, Any], urls: BaseUrls, client_key: str | None = None) -> dict[str, Any]:
     merged = copy.deepcopy(data)
     env = merged.get("env")
     if env is None:
@@ -241,8 +213,6 @@ def claude_settings(data: dict[str, Any], urls: BaseUrls, client_key: str | None
     env["ANTHROPIC_BASE_URL"] = urls.anthropic
     if client_key:
         env["ANTHROPIC_AUTH_TOKEN"] = client_key  # sent as Authorization: Bearer, no approval prompt
-    if telemetry is not None:
-        telemetry_setup.claude_merge(env, telemetry)
     return merged
 
 
@@ -293,10 +263,10 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime, client_key:
 
 
 def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
-          now: datetime | None = None, login: str | None = None, client_key: str | None = None,
-          telemetry: Telemetry | None = None) -> config_files.WriteResult:
+          now: datetime | None = None, login: str | None = None, client_key: str | None = None
+          ) -> config_files.WriteResult:
     """Merge the tool's configuration into its file (backup first; no change, no write). With
-    `client_key` or `telemetry` (its token), the file holds a secret: it ends owner-only, and so do its backups."""
+    `client_key`, the file holds a secret: it ends owner-only, and so do its backups."""
     now = now or datetime.now(timezone.utc)
     secret = bool(client_key)
     the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
@@ -313,24 +283,15 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
                 new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
                                                   ("model_providers", CODEX_PROVIDER),
                                                   codex_provider(urls, codex_env_key, client_key))
-            if telemetry is not None:
-                new = telemetry_setup.codex_edit(new, telemetry)[0]
         except toml_edit.tomllib.TOMLDecodeError as exc:
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None
-        return config_files.replace(path, old, new, now, secret or _holds(new, telemetry))
+        return config_files.replace(path, old, new, now, secret)
     old_text = config_files.read_text(path)
     data = config_files.read_json_object(path)
-    merged = (claude_settings(data or {}, urls, client_key, telemetry) if tool == "claude-code"
+    merged = (claude_settings(data or {}, urls, client_key) if tool == "claude-code"
               else cline_merge(data or {}, urls, now, client_key))
-    new_text = config_files.json_text(merged)
-    secret = secret or _holds(new_text, telemetry)
     if data is not None and merged == data:
         return config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])
-    return config_files.replace(path, old_text, new_text, now, secret)
-
-
-def _holds(text: str, telemetry: Telemetry | None) -> bool:
-    """Whether the new file holds the telemetry token (not where the user's own telemetry was kept)."""
-    return telemetry is not None and telemetry.token in text
+    return config_files.replace(path, old_text, config_files.json_text(merged), now, secret)

@@ -17,16 +17,18 @@ note says how to send to both (docs/tools.md). `--no-telemetry` leaves all of it
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from proxy.tools import toml_edit
+from proxy.tools import config_files, toml_edit
 
 TOOLS = ("claude-code", "codex", "gemini-cli")  # the CLIs whose telemetry setup sends to llmtap
 OTLP_PATH = "/_llmtap/otlp"
 EXPORT_INTERVAL_MS = "500"  # Claude Code's logs and spans: each within half a second, not the SDK's 5 s
-CODEX_TABLE = ("otel", "exporter", "otlp-http")
 OWN_COLLECTOR = ("{tool} already sends its telemetry to {where}: left as it is. To send it to llmtap too, "
                  "fan it out in your collector (an `otlphttp` exporter to {endpoint} with the header "
                  "Authorization: Bearer <{token_path}>): docs/tools.md, \"The agents' own telemetry\"")
@@ -94,7 +96,7 @@ def codex_exporter(t: Telemetry) -> dict[str, Any]:
 
 def codex_snippet(t: Telemetry) -> str:
     values = codex_exporter(t)
-    header = ".".join(CODEX_TABLE)
+    header = "otel.exporter.otlp-http"
     return (f"\n[{header}]\nendpoint = {toml_edit.toml_string(values['endpoint'])}\n"
             f"protocol = \"json\"\n\n[{header}.headers]\n"
             f"Authorization = {toml_edit.toml_string(values['headers']['Authorization'])}\n")
@@ -115,15 +117,35 @@ def codex_theirs(doc: dict[str, Any]) -> str | None:
     return f"[otel] exporter = {exporter!r}"
 
 
+_CODEX_HEADER = re.compile(r"""^[ \t]*\[[ \t]*otel[ \t]*\.[ \t]*exporter[ \t]*\.[ \t]*["']?otlp-http["']?"""
+                           r"""[ \t]*(\.[ \t]*headers[ \t]*)?\][ \t]*(#.*)?$""")
+
+
 def codex_edit(text: str, t: Telemetry) -> tuple[str, str | None]:
-    """`text` with llmtap's `[otel]` exporter (raises toml_edit's errors), or as it was and a note."""
-    theirs = codex_theirs(tomllib.loads(text))
+    """`text` with llmtap's `[otel]` exporter (its two tables, at the end: a setup before wrote them so, and
+    they are replaced), or as it was and a note. Checked by parsing: only `otel.exporter` may change."""
+    doc = tomllib.loads(text)
+    theirs = codex_theirs(doc)
     if theirs is not None:
         return text, t.own_collector("Codex", theirs)
-    values = codex_exporter(t)
-    headers = values.pop("headers")
-    text = toml_edit.set_key_and_table(text, {}, CODEX_TABLE, values)
-    return toml_edit.set_key_and_table(text, {}, (*CODEX_TABLE, "headers"), headers), None
+    lines = text.splitlines(keepends=True)
+    mine = [i for i, line in enumerate(lines) if _CODEX_HEADER.match(line)]
+    if mine:  # ours, from an earlier setup: its lines go, up to the next table of another name
+        end = next((i for i in range(mine[0] + 1, len(lines))
+                    if lines[i].lstrip().startswith("[") and not _CODEX_HEADER.match(lines[i])), len(lines))
+        lines[mine[0]:end] = []
+    kept = "".join(lines).rstrip("\n")
+    new = (kept + "\n" if kept else "") + codex_snippet(t).lstrip("\n" if not kept else "")
+    expected = copy.deepcopy(doc)
+    expected.setdefault("otel", {})["exporter"] = {"otlp-http": codex_exporter(t)}
+    try:
+        ok = tomllib.loads(new) == expected
+    except tomllib.TOMLDecodeError:
+        ok = False
+    if not ok:
+        raise ValueError("cannot set [otel] exporter by a text edit (the file defines it in an unusual form): "
+                         "edit it by hand, or run setup with --no-telemetry")
+    return new, None
 
 
 # -- Gemini CLI: settings.json `telemetry` ------------------------------------------------------------
@@ -144,3 +166,58 @@ def gemini_merge(settings: dict[str, Any], t: Telemetry) -> tuple[dict[str, Any]
     merged = copy.deepcopy(settings)
     merged["telemetry"] = {**(current if isinstance(current, dict) else {}), **gemini_telemetry(t)}
     return merged, None
+
+
+# -- the files ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """What setup adds to one CLI's settings for its telemetry: `new` is the file's new text (None: the
+    user's own telemetry is kept, `note` says where), `shown` the part added, as printed."""
+
+    path: Path
+    old: str | None
+    new: str | None
+    shown: str
+    note: str
+
+
+def settings_file(tool: str, tool_file: Path | None, home: Path) -> Path | None:
+    """Where `tool` keeps its telemetry settings: the file setup writes for it (Claude Code's settings.json,
+    Codex's config.toml), Gemini CLI's settings.json; None for a tool without telemetry."""
+    if tool == "gemini-cli":
+        return home / ".gemini" / "settings.json"
+    return tool_file if tool in TOOLS else None
+
+
+def change(tool: str, path: Path, t: Telemetry) -> Change:
+    """The telemetry settings `tool`'s file at `path` gets, as it is now (raises config_files' errors,
+    ValueError for a file it cannot edit)."""
+    old = config_files.read_text(path)
+    sent = f"its own OpenTelemetry (tool runs, approvals, API timings; never content) goes to {t.endpoint}"
+    if tool == "codex":
+        new, note = codex_edit(old or "", t)
+        return Change(path, old, None if note else new, codex_snippet(t).lstrip("\n"), note or sent)
+    data = config_files.read_json_object(path) or {}
+    if tool == "claude-code":
+        merged = copy.deepcopy(data)
+        env = merged.setdefault("env", {})
+        if not isinstance(env, dict):
+            raise ValueError(f'"env" in {path} is not an object; fix it, then run again')
+        note = claude_merge(env, t)
+        shown = config_files.json_text({"env": claude_env(t)})
+    else:
+        merged, note = gemini_merge(data, t)
+        shown = config_files.json_text({"telemetry": gemini_telemetry(t)})
+    new = old if merged == data and old is not None else config_files.json_text(merged)
+    return Change(path, old, None if note else new, shown, note or sent)
+
+
+def write(tool: str, path: Path, t: Telemetry, now: datetime | None = None) -> config_files.WriteResult | None:
+    """Add the telemetry settings to the file as it is now (after setup wrote the tool's own there), backup
+    first, owner-only: it holds the token. None: the user's own telemetry is kept."""
+    found = change(tool, path, t)
+    if found.new is None:
+        return None
+    return config_files.replace(path, found.old, found.new, now, secret=True)
