@@ -91,11 +91,30 @@ def claude_code_export(session: str = "sess-1", call: str = "toolu_01") -> dict[
         ]}]}]}
 
 
+def claude_code_spans() -> dict[str, Any]:
+    """Claude Code's beta spans as it exports them in OTLP/JSON (ids in hex), a tool's details in them."""
+    def span(name: str, span_id: str, parent: str, start_ms: int, end_ms: int, **attrs: str) -> dict[str, Any]:
+        pairs = [{"key": k, "value": {"stringValue": v}}
+                 for k, v in {"session.id": "sess-1", "tool_input": SECRETS[0], **attrs}.items()]
+        return {"traceId": "5b8aa5a2d2c872e8321cf37308d69df2", "spanId": span_id, "parentSpanId": parent,
+                "name": name, "kind": 1, "startTimeUnixNano": str(1796464800000 * 10**6 + start_ms * 10**6),
+                "endTimeUnixNano": str(1796464800000 * 10**6 + end_ms * 10**6), "attributes": pairs}
+    return {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "claude-code"}}]}, "scopeSpans": [{"spans": [
+            span("claude_code.tool", "1b42a8a4908526a1", "bc798759af1b8645", 0, 2000, tool_name="Bash",
+                 tool_use_id="toolu_01"),
+            span("claude_code.tool.blocked_on_user", "03029a9323e7c648", "1b42a8a4908526a1", 0, 750,
+                 decision="accept", source="user_temporary"),
+            span("claude_code.tool.execution", "9e69c3ad5c0ec73d", "1b42a8a4908526a1", 760, 1960,
+                 tool_use_id="toolu_01", command=SECRETS[0]),
+            span("claude_code.interaction", "bc798759af1b8645", "", 0, 3000, user_prompt=SECRETS[2])]}]}]}
+
+
 async def post(s: aiohttp.ClientSession, url: str, body: bytes, content_type: str, token: str | None,
-               **headers: str) -> tuple[int, bytes, str]:
+               signal: str = "v1/logs", **headers: str) -> tuple[int, bytes, str]:
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    async with s.post(url + otlp.PREFIX + "v1/logs", data=body,
+    async with s.post(url + otlp.PREFIX + signal, data=body,
                       headers={"Content-Type": content_type, **headers}) as r:
         return r.status, await r.read(), r.content_type
 
@@ -152,6 +171,15 @@ async def test_the_sdk_exporter_and_a_json_export_are_stored_without_content(ser
     ]
     (event_at,) = (await sql(admin, "SELECT DISTINCT event_at FROM agent_events WHERE source = 'claude-code'"))[0]
     assert datetime.fromisoformat(event_at) == datetime(2026, 12, 5, 10, 0, 0, 500000, tzinfo=timezone.utc)
+    async with aiohttp.ClientSession() as s:  # Claude Code's beta spans, with OTEL_LOG_TOOL_DETAILS=1
+        status, _, _ = await post(s, admin.url, orjson.dumps(claude_code_spans()), "application/json", token,
+                                  signal="v1/traces")
+    assert status == 200
+    assert await sql(admin, "SELECT event_name, call_id, duration_ms, span_id, parent_span_id, decision_source "
+                            "FROM agent_events WHERE span_id IS NOT NULL ORDER BY event_name") == [
+        ("claude_code.tool", "toolu_01", 2000.0, "1b42a8a4908526a1", "bc798759af1b8645", None),
+        ("claude_code.tool.blocked_on_user", None, 750.0, "03029a9323e7c648", "1b42a8a4908526a1", "user_temporary"),
+        ("claude_code.tool.execution", "toolu_01", 1200.0, "9e69c3ad5c0ec73d", "1b42a8a4908526a1", None)]
     everything = orjson.dumps(await sql(admin, "SELECT * FROM agent_events"), default=str).decode()
     assert not [secret for secret in SECRETS if secret in everything]
 
