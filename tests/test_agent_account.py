@@ -157,3 +157,34 @@ def test_a_database_without_agent_events_has_the_views_empty() -> None:
     assert con.execute("SELECT call_id, accounts, approval_ms, tool_ms FROM tool_run_accounts").fetchall() == [
         ("c1", "wire", None, None)]
     assert con.execute("SELECT count(*) FROM api_request_accounts").fetchall() == [(0,)]
+
+
+async def test_claude_codes_spans_time_the_approval_and_the_run_exactly(sim: Simulator, tmp_path: Path) -> None:
+    """With its beta traces, the wait for the person is its `tool.blocked_on_user` span and the run its
+    `tool.execution` span (children of the `claude_code.tool` span that names the call)."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p, aiohttp.ClientSession() as s:
+        [call], _, ended = await tool_turns(s, p.url, "Bash")
+        shown = time.time_ns() + 30_000_000  # the prompt is up 30 ms after the response's end
+        await asyncio.sleep(APPROVE_S + RUN_S + 0.1)
+        await answer(s, p.url, [call])
+        await export(s, p.url, [
+            event("claude_code.tool_decision", shown + 400_000_000, tool_use_id=call["id"], tool_name="Bash",
+                  decision="accept", source="user_permanent")])
+        spans = [("claude_code.tool", "aa" * 8, "", shown, shown + 700_000_000, {"tool_use_id": call["id"]}),
+                 ("claude_code.tool.blocked_on_user", "bb" * 8, "aa" * 8, shown, shown + 400_000_000, {}),
+                 ("claude_code.tool.execution", "cc" * 8, "aa" * 8, shown + 410_000_000, shown + 660_000_000,
+                  {"tool_use_id": call["id"]})]
+        body = {"resourceSpans": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "claude-code"}}]}, "scopeSpans": [{"spans": [
+                {"traceId": "ee" * 16, "spanId": sid, "parentSpanId": parent, "name": name, "kind": 1,
+                 "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+                 "attributes": [{"key": k, "value": {"stringValue": v}}
+                                for k, v in {"session.id": SESSION, **attrs}.items()]}
+                for name, sid, parent, start, end, attrs in spans]}]}]}
+        async with s.post(p.url + "/_llmtap/otlp/v1/traces", data=orjson.dumps(body), headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {telemetry_token()}"}) as r:
+            assert r.status == 200
+        assert p.flush(10)
+    [run] = views(tmp_path / "llmtap.duckdb", "SELECT * FROM tool_run_accounts")
+    assert (run["approval_ms"], run["tool_ms"], run["decision_source"]) == (400.0, 250.0, "user_permanent")
+    assert run["agent_ms"] == pytest.approx(run["span_ms"] - 650) and ended < shown
