@@ -26,7 +26,8 @@ URL = "http://127.0.0.1:9911"
 def invoke(home: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     clean = {"HOME": str(home), "CODEX_HOME": None, "CLAUDE_CONFIG_DIR": None, "CLINE_DATA_DIR": None,
              "CLINE_DIR": None, "CLINE_PROVIDER_SETTINGS_PATH": None}
-    result = CliRunner().invoke(setup, list(args), env={**clean, **(env or {})})
+    # the agents' own telemetry is tests/test_telemetry_setup.py's
+    result = CliRunner().invoke(setup, [*args, "--no-telemetry"], env={**clean, **(env or {})})
     return result.exit_code, result.output
 
 

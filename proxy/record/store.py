@@ -26,7 +26,7 @@ import duckdb
 from proxy.common import duck, latency, thread_priority
 from proxy.record import retention
 from proxy.common.chunk_rows import ChunkRows
-from proxy.record.batch import BODIES, CHUNKS, REQUESTS, Table
+from proxy.record.batch import AGENT_EVENTS, BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
 from proxy.record.store_reader import (DatabaseLocked as DatabaseLocked, QuerySetup as QuerySetup, StoreError,
                                        StoreReader, one_line, open_error, open_readonly as open_readonly)
@@ -42,6 +42,7 @@ RETRY_MAX_S = 5.0
 MAX_PENDING_REQUESTS = 20_000
 MAX_PENDING_CHUNKS = 500_000
 MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
+MAX_PENDING_AGENT_EVENTS = 100_000  # the agents' own events (proxy/relay/otlp.py), some 200 bytes each
 # Retention (serve --retain-days, --retain-bodies-days): old rows are deleted when the writer starts, then
 # this often; one batch (retention.BATCH_REQUESTS) per wake of the writer, between writes of new rows.
 PRUNE_INTERVAL_S = 3600.0
@@ -111,10 +112,11 @@ class Store(StoreReader):
         self._inflight = [0, 0]  # requests, chunks taken by the writer and not yet finished
         self._bodies: list[tuple[Any, ...]] = []
         self._body_bytes = 0
+        self._agent_events: list[tuple[Any, ...]] = []  # schema.AGENT_EVENT_COLUMNS, in order
         self._counts = dict.fromkeys(
             ("requests_written", "chunks_written", "bodies_written", "requests_dropped", "chunks_dropped",
              "bodies_dropped", "write_errors", "rows_rejected", "files_recreated", "requests_pruned",
-             "chunks_pruned", "bodies_pruned"), 0)
+             "chunks_pruned", "bodies_pruned", "agent_events_written", "agent_events_dropped"), 0)
         self._last_error: str | None = None
         self._failing: tuple[datetime, float] | None = None  # writes fail since (UTC label, monotonic)
         self._warnings: deque[str] = deque(maxlen=10)  # what /_llmtap/health shows besides the counts
@@ -255,6 +257,15 @@ class Store(StoreReader):
             with self._lock:
                 self._counts["bodies_dropped"] += 1
 
+    def put_agent_events(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue `agent_events` rows (schema.AGENT_EVENT_COLUMNS), written with the next batch. Never blocks."""
+        with self._lock:
+            if self._closed or len(self._agent_events) + len(rows) > MAX_PENDING_AGENT_EVENTS:
+                self._counts["agent_events_dropped"] += len(rows)
+                return
+            self._agent_events.extend(rows)
+            self._put_seq += 1  # `flush` waits for them too
+
     def flush(self, timeout: float = 10) -> bool:
         """Wait until every row put before the call is written (or dropped); False on timeout."""
         with self._lock:
@@ -305,25 +316,27 @@ class Store(StoreReader):
             self._check_file()
             with self._lock:
                 requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
+                agents, self._agent_events = self._agent_events, []
                 unfit, self._unfit = self._unfit, []
                 self._inflight = [len(requests), self._chunk_rows]
                 self._requests, self._chunks, self._bodies, self._body_bytes, self._chunk_rows = [], [], [], 0, 0
-            if requests or chunks or bodies or unfit:
-                self._write_batch(requests, chunks, bodies, unfit)
+            if requests or chunks or bodies or unfit or agents:
+                self._write_batch(requests, chunks, bodies, unfit, agents)
             if self._prune_at is not None and taken >= self._prune_at and not self._stop.is_set():
                 self._prune()
             with self._lock:
                 self._done_seq = seq
                 self._inflight = [0, 0]
                 self._written.notify_all()
-                if self._stop.is_set() and not self._requests and not self._chunks and not self._bodies:
+                if self._stop.is_set() and not (self._requests or self._chunks or self._bodies or self._agent_events):
                     return
 
     def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None,
-                     unfit: list[Exception] | None = None) -> None:
-        first: Unit = [(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or [])) if rows]
+                     unfit: list[Exception] | None = None, agents: list[Any] | None = None) -> None:
+        first: Unit = [(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or []),
+                                                 (AGENT_EVENTS, agents or [])) if rows]
         units: deque[Unit] = deque([first] if first else [])
-        rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0}
+        rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0, "agent_events": 0}
         first_failure: Exception | None = unfit[0] if unfit else None
         delay = RETRY_FIRST_S
         failures = 0
@@ -471,6 +484,8 @@ class Store(StoreReader):
             self._counts["rows_rejected"] += len(self._unfit)
             self._counts["chunks_dropped"] += self._chunk_rows
             self._counts["bodies_dropped"] += len(self._bodies)
+            self._counts["agent_events_dropped"] += len(self._agent_events)
+            self._agent_events = []
             self._requests, self._chunks, self._bodies, self._body_bytes, self._unfit = [], [], [], 0, []
             self._chunk_rows = 0
             self._done_seq = self._put_seq

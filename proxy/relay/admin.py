@@ -13,7 +13,6 @@ admin SQL's threads (proxy/record/admin_sql.py), with the limits of every admin 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import socket
 import struct
@@ -25,7 +24,8 @@ from aiohttp import web
 from proxy.record import admin_sql
 from proxy.observe import live
 from proxy.settings.client_key import same_secret
-from proxy.relay import ui_doors
+from proxy.relay import otlp, ui_doors
+from proxy.relay.guard import is_loopback
 from proxy.relay.app_state import STATE, AppState
 from proxy.common.instances import ADMIN_PREFIX, TOKEN_HEADER
 
@@ -38,24 +38,13 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
 
 
-def _is_loopback(remote: str | None) -> bool:
-    if remote == "127.0.0.1" or remote == "::1":  # the common case, without parsing
-        return True
-    try:
-        ip = ipaddress.ip_address(remote or "")
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack socket
-    return (mapped or ip).is_loopback
-
-
 def _local_name(host: str | None) -> bool:
     """A Host or Origin naming this machine; anything else is a browser page's own name (DNS rebinding)."""
     if not host:
         return True
     name = host.rsplit("://", 1)[-1].lower()
     name = name[1:].partition("]")[0] if name.startswith("[") else name.rsplit(":", 1)[0]
-    return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 
 def allowed(request: web.Request, state: AppState, name: str | None = None) -> bool:
@@ -68,7 +57,7 @@ def allowed(request: web.Request, state: AppState, name: str | None = None) -> b
     send a custom header cross-site without a preflight (which llmtap refuses). A browser page is
     refused even with a token (its Origin, or its own name in Host: DNS rebinding).
     """
-    if not (_is_loopback(request.remote) or state.config.allow_remote):
+    if not (is_loopback(request.remote) or state.config.allow_remote):
         return False
     local = state.config.allow_remote or _local_name(request.host)
     if _token_sent(request, state.admin_token):
@@ -115,6 +104,8 @@ async def answer(request: web.Request, state: AppState, name: str) -> web.Stream
         return await sql(request, state)
     if name == "metrics" and request.method == "GET":
         return await metrics(state)
+    if name.startswith("otlp/"):  # a worker's, relayed: allowed there (proxy/relay/otlp.py)
+        return await otlp.receive(request, state, name[len("otlp/"):])
     if name.startswith(("ui/", "api/")) or name == "ui":
         return await ui(request, state, name)
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)

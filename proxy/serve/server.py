@@ -21,7 +21,7 @@ from proxy.record.admin_sql import AdminSql
 from proxy.relay.app import HTTP_LIMITS, make_app
 from proxy.relay.conn_limit import connection_cap
 from proxy.relay.arrival import Runner
-from proxy.settings.client_key import client_key
+from proxy.settings.client_key import client_key, telemetry_token
 from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_prices
 from proxy.relay.guard import Guard
 from proxy.meter.redact import scrub_library_logs
@@ -117,7 +117,8 @@ class RunningProxy:
                               guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                 remote=config.allow_remote and bool(_wide_hosts(config))),
                               metrics=metrics, loop_lag=loop_lag, admin_relay=admin_relay,
-                              ui=ui if self.store is not None and worker is None else None)
+                              ui=ui if self.store is not None and worker is None else None,
+                              telemetry_token=telemetry_token() if config.measure else "")
         self.otel: OtelExporter | None = None
         self.runner: web.AppRunner | None = None
         self.port = config.port

@@ -2,7 +2,7 @@
 
 The checks, in order: HTTP proxy variables, API-key variables, base URLs (the
 variables and the tool settings that win over them), Gemini CLI's auth type, the running proxy, its fast
-paths (proxy/relay/fast_paths.py), the port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
+paths (proxy/relay/fast_paths.py), the tools' own telemetry (proxy/tools/telemetry_checks.py), the port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from proxy.settings import config as cfg
 from proxy.settings import egress
 from proxy.settings.routes import normal_prefix
-from proxy.tools import config_files, env_checks, local_checks, upstream_checks
+from proxy.tools import config_files, env_checks, local_checks, telemetry_checks, upstream_checks
 from proxy.tools.check import Check, fail, ok, warn
 from proxy.common.instances import LiveProxy, find_running
 
@@ -50,6 +50,7 @@ def diagnose(options: Options) -> list[Check]:
     checks += gemini_auth(options.env)
     checks.append(local_checks.running_proxy(live))
     checks.append(local_checks.fast_paths(live, options.env))
+    checks += telemetry_checks.telemetry(options.env, live)
     # the running proxy's port and database, not the defaults, unless asked for others
     port = options.port or (urlsplit(live.url).port if live is not None else None)
     db = options.db or (live.db if live is not None else None)
