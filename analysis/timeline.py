@@ -70,19 +70,28 @@ o AS (
     row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
   FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s))
 """
-# The requests of the sessions that {shown} picks (a condition on a session's key, `ord` and the `total`).
-SESSIONS_SQL = KEYED_SQL + """, o2 AS (SELECT *, {shown} AS shown FROM o)
-SELECT {names}, key, ord, total FROM p JOIN (SELECT * FROM o2 WHERE shown) USING (seen, part) ORDER BY n
+# One pass over the sessions (the grouping costs the most): per session and model, what `flag_slow` takes
+# of its successful requests (their starts, TPOTs and TTFTs per input token, in its rows' order), and for
+# the sessions that {shown} picks (a condition on a session's key, `ord` and the `total`), their requests.
+SESSIONS_SQL = KEYED_SQL + """, o2 AS (SELECT *, {shown} AS shown FROM o),
+q AS (SELECT *, outcome = 'ok' AND request_model <> '' AS counted FROM p JOIN o2 USING (seen, part)),
+c AS (
+  SELECT key, ord, total, first_tool, request_model, bool_or(counted) AS counted, min(n) AS first,
+    list_sort(list(t0) FILTER (counted)) AS t0, list_sort(list(tpot_ms) FILTER (counted AND tpot_ms IS NOT NULL)) AS tpot,
+    list_sort(list(ttft_ms / input_tokens) FILTER (counted AND ttft_ms IS NOT NULL AND input_tokens <> 0)) AS ttft,
+    list(struct_pack(n, {names})) FILTER (shown) AS requests
+  FROM q GROUP BY key, ord, total, first_tool, shown, request_model)
+SELECT key, total, first_tool, request_model, counted, {t0}, {tpot}, {ttft}, requests FROM c ORDER BY ord, first
 """
-# Per session and model, what `flag_slow` takes of its successful requests: their starts, TPOTs and TTFTs
-# per input token (in its rows' order, so a session's first cell is its first model's).
-CELLS_SQL = KEYED_SQL + """
-SELECT key, first_tool, request_model, list(t0 ORDER BY n) AS t0,
-  list(tpot_ms ORDER BY n) FILTER (WHERE tpot_ms IS NOT NULL) AS tpot,
-  list(ttft_ms / input_tokens ORDER BY n) FILTER (WHERE ttft_ms IS NOT NULL AND input_tokens <> 0) AS ttft
-FROM p JOIN o USING (seen, part) WHERE outcome = 'ok' AND request_model <> ''
-GROUP BY key, ord, first_tool, request_model ORDER BY ord, min(n)
-"""
+
+
+def _median_sql(values: str) -> str:
+    """The median of a sorted list as `statistics.median` takes it (the two middle values' mean), in SQL."""
+    n = f"len({values})"
+    return (f"CASE WHEN {n} % 2 = 1 THEN {values}[{n} // 2 + 1]"
+            f" ELSE ({values}[{n} // 2] + {values}[{n} // 2 + 1]) / 2 END AS {values}")
+
+
 COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
 COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
@@ -196,29 +205,45 @@ def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) 
 
 def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int, list[Session]]:
     """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks: their
-    requests alone read and their timelines built; the slow flags from every session's cells (CELLS_SQL)."""
-    have, grouped = _grouped(query, where, gap_s)
-    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
-    out_columns, _, data = query(SESSIONS_SQL.format(**grouped, names=names, shown=shown_sql))
-    members: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    keys, total = {}, 0
-    for r in data:
-        row = dict(zip(out_columns, r))
-        ord_, total = row.pop("ord"), row.pop("total")
-        keys[ord_] = row.pop("key")
-        members[ord_].append(row)
+    requests alone read and their timelines built; the slow flags from every session's cells."""
+    have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql)
     if not members:
         return total, []
     runs = _runs(query, have, where, [row for rows in members.values() for row in rows])
     found = []
-    for o in sorted(members):
-        session = timeline(members[o], runs)
-        session.key = keys[o]
+    for key, rows in members.items():
+        session = timeline(rows, runs)
+        session.key = key
         found.append(session)
-    flags = _flags(_sql_cells(query, grouped)[0])
+    flags = _flags(cells)
     for session in found:
         session.slow = flags.get(session.key)
     return total, found
+
+
+def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str
+                   ) -> tuple[set[str], int, Cells, list[tuple[str, str | None]], dict[str, list[dict[str, Any]]]]:
+    """SESSIONS_SQL: the columns the database has, how many sessions, their cells (`flag_slow`), those
+    that have one as (key, first request's tool), and the picked sessions' requests by key, oldest first."""
+    have, grouped = _grouped(query, where, gap_s)
+    names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
+    cells: Cells = {}
+    keyed: dict[str, str | None] = {}
+    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    total = 0
+    medians = {name: _median_sql(name) for name in ("t0", "tpot", "ttft")}
+    for key, total, tool, model, counted, t0, tpot, ttft, rows in query(
+            SESSIONS_SQL.format(**grouped, names=names, shown=shown_sql, **medians))[2]:
+        if counted:
+            cells[(key, model)] = (t0, {m: v for m, v in zip(METRICS, (tpot, ttft)) if v is not None})
+            keyed.setdefault(key, tool)
+        if rows is not None:
+            members[key] += rows
+    for key, rows in members.items():
+        rows.sort(key=lambda r: r["n"])
+        for r in rows:
+            del r["n"]
+    return have, total, cells, list(keyed.items()), members
 
 
 def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) -> Runs:
@@ -240,20 +265,10 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
     return runs
 
 
-def _sql_cells(query: Query, grouped: dict[str, str]) -> tuple[Cells, list[tuple[str, str | None]]]:
-    """CELLS_SQL's cells, and every session that has one as (key, its first request's tool), oldest first."""
-    cells: Cells = {}
-    keyed: dict[str, str | None] = {}
-    for key, tool, model, t0, tpot, ttft in query(CELLS_SQL.format(**grouped))[2]:
-        cells[(key, model)] = {"t0": t0, "TPOT": tpot or [], "TTFT per input token": ttft or []}
-        keyed.setdefault(key, tool)
-    return cells, list(keyed.items())
-
-
 def slow_sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[dict[str, str | None]]:
     """The sessions `flag_slow` flags among those of `where`, oldest first: (session key, its tool, why),
     from their requests' medians alone (no timeline built: `llmtap errors`)."""
-    cells, keyed = _sql_cells(query, _grouped(query, where, gap_s)[1])
+    _, _, cells, keyed, _ = _sessions_pass(query, where, gap_s, "FALSE")
     flags = _flags(cells)
     return [{"session": key, "tool": tool, "why": flags[key]} for key, tool in keyed if key in flags]
 
@@ -413,14 +428,15 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
             s.slow = flags.get(s.key)
 
 
-Cells = dict[tuple[str, str], dict[str, list[float]]]  # (session key, model) -> starts, TPOTs, TTFTs per token
+# (session key, model) -> the median of its successful requests' starts, and of each of its METRICS
+Cells = dict[tuple[str, str], tuple[float, dict[str, float]]]
 
 
 def _flags(cells: Cells) -> dict[str, str]:
-    """`flag_slow`'s findings by session key, from the sessions' cells (`_cells`: a session's first
-    finding, in its rows' order, is the one it shows; a cell's time is the median of its rows' starts)."""
-    at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
-    medians = {k: {m: statistics.median(c[m]) for m in METRICS if c[m]} for k, c in cells.items()}
+    """`flag_slow`'s findings by session key, from the sessions' cells (a session's first finding, in
+    its rows' order, is the one it shows)."""
+    at = {k: c[0] for k, c in cells.items()}
+    medians = {k: c[1] for k, c in cells.items()}
     typical = _peer_medians(medians, at)
     flags: dict[str, str] = {}
     for place in cells:
@@ -438,19 +454,21 @@ def _flags(cells: Cells) -> dict[str, str]:
 
 
 def _cells(groups: list[tuple[str, list[dict[str, Any]]]]) -> Cells:
-    """(session key, model) -> the starts, TPOTs and TTFTs per input token of its successful requests."""
-    cells: Cells = defaultdict(lambda: defaultdict(list))
+    """(session key, model) -> the medians of the starts, TPOTs and TTFTs per input token of its successful
+    requests, for sessions given as (key, their rows in time order)."""
+    lists: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for key, rows in groups:
         for row in rows:
             if row["outcome"] != "ok" or not row["request_model"]:
                 continue
-            cell = cells[(key, row["request_model"])]
+            cell = lists[(key, row["request_model"])]
             cell["t0"].append(row["t0"])
             if row["tpot_ms"] is not None:
                 cell["TPOT"].append(row["tpot_ms"])
             if row["ttft_ms"] is not None and row["input_tokens"]:
                 cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
-    return cells
+    return {k: (statistics.median(c["t0"]), {m: statistics.median(c[m]) for m in METRICS if c[m]})
+            for k, c in lists.items()}
 
 
 METRICS = ("TPOT", "TTFT per input token")

@@ -153,10 +153,12 @@ FROM (SELECT r.id, c.n FROM requests r LEFT JOIN (SELECT request_id, count(*) AS
 WHERE requests.id = c.id"""
 
 
-def build(path: Path, requests: int, chunks: int, days: int = DAYS) -> float:
+def build(path: Path, requests: int, chunks: int, days: int = DAYS, memory_limit: str | None = None) -> float:
     started = time.perf_counter()
     con = duckdb.connect(str(path))
     try:
+        if memory_limit:  # a shared machine's other work needs its memory
+            con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute(create_tables_sql())
         con.execute("SELECT setseed(0.42)")
         con.execute(models_sql())

@@ -35,6 +35,7 @@ import report_speed  # noqa: E402
 DAYS = 30
 CHUNKS_PER_REQUEST = 50
 SESSION_REQUESTS = 40
+BUILD_MEMORY = "3GB"  # DuckDB's limit while building (its default, 80 % of the machine's, starves others)
 
 # Each request's place in its tool's chain: `n` in time order, `p` within its session of 40.
 CHAIN_SQL = f"""
@@ -78,8 +79,8 @@ def store(folder: Path, requests: int) -> Path:
     if report_speed.counts(path) != (requests, chunks):
         folder.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
-        report_speed.build(path, requests, chunks, days=DAYS)
-    con = duckdb.connect(str(path))
+        report_speed.build(path, requests, chunks, days=DAYS, memory_limit=BUILD_MEMORY)
+    con = duckdb.connect(str(path), config={"memory_limit": BUILD_MEMORY})
     try:
         if con.execute("SELECT count(tool_calls) FROM requests").fetchone()[0]:
             return path
