@@ -64,7 +64,7 @@ p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBO
 # Those sessions (`ord`: by their start), each with its key and its first request's tool.
 KEYED_SQL = GROUPED_SQL + """, s AS (
   SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
-    arg_min(tool, n) AS first_tool FROM p GROUP BY seen, part),
+    arg_min_null(tool, n) AS first_tool FROM p GROUP BY seen, part),
 o AS (
   SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, first_tool,
     row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total

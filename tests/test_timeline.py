@@ -252,6 +252,11 @@ def test_the_newest_sessions_are_those_of_all_and_the_groups_are_as_defined() ->
         assert [[r["id"] for r in g] for g in want] == [[sp.request_id for sp in s.spans if sp.part == "wait"]
                                                         for s in every]
         assert any(s.slow for s in every) and any("/" in s.key for s in every)
+        reference = [timeline.Session(**{**s.__dict__, "slow": None}) for s in every]
+        _slow_by_definition(reference, rows)  # the flags from SQL's medians are the definition's
+        assert [s.slow for s in every] == [s.slow for s in reference]
+        assert timeline.slow_sessions(query, gap_s=gap_s) == [
+            {"session": s.key, "tool": s.tool, "why": s.slow} for s in every if s.slow]
         for count in (0, 1, 7, 40, len(every) + 5):
             total, page = timeline.newest(query, gap_s=gap_s, count=count)
             assert total == len(every)
@@ -406,3 +411,48 @@ def test_slow_sessions_are_flagged_as_defined_however_many() -> None:
     _slow_by_definition(reference, rows)
     assert [s.slow for s in found] == [s.slow for s in reference]
     assert sum(s.slow is not None for s in found) > 10
+
+
+def _totals_by_definition(spans: list[timeline.Span], start: float, end: float) -> timeline.Totals:
+    """`totals` as its docstring says it, every span looked at for every stretch between edges: the reference."""
+    from collections import defaultdict
+
+    edges = sorted({start, end, *(s.start_s for s in spans), *(s.end_s for s in spans if s.end_s is not None)})
+    closed = [s for s in spans if s.end_s is not None]
+    out = timeline.Totals(wall_s=end - start)
+    tools: dict[str, float] = defaultdict(float)
+    for a, b in zip(edges, edges[1:]):
+        if b <= start or a >= end:
+            continue
+        active = [s for s in closed if s.start_s <= a and s.end_s >= b]
+        if not active:
+            out.other_s += b - a
+            continue
+        top = min(active, key=lambda s: (timeline.PRIORITY.index(s.part) if s.kind != "tool" else 2, s.start_s))
+        if top.part == "generating":
+            out.generating_s += b - a
+        elif top.part == "wait":
+            out.wait_s += b - a
+        elif top.kind == "tool":
+            tools[top.part] += b - a
+        else:
+            out.you_s += b - a
+    out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def test_the_totals_sweep_gives_the_definitions_figures_bit_for_bit() -> None:
+    """Overlapping model, tool (some open, some starting together) and you spans, ties and empty spans."""
+    import random
+
+    rng = random.Random(38)
+    for _ in range(200):
+        spans = []
+        for i in range(rng.randint(1, 40)):
+            start = round(rng.uniform(0, 100), rng.choice((0, 1, 3)))
+            end = None if rng.random() < 0.1 else start + round(rng.choice((0, rng.uniform(0, 30))), 2)
+            kind, part = rng.choice((("model", "wait"), ("model", "generating"), ("you", "you"), ("tool", "Bash"),
+                                     ("tool", "Read"), ("tool", "Bash+Read")))
+            spans.append(timeline.Span(kind, part, start, end if end is not None or kind == "tool" else start, str(i)))
+        start, end = rng.uniform(-5, 20), rng.uniform(50, 140)
+        assert timeline.totals(spans, start, end) == _totals_by_definition(spans, start, end)
