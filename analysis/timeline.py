@@ -112,7 +112,7 @@ groups AS (
     END AS run_ms
   FROM runs WHERE calls > 1 GROUP BY request_id),
 timed AS (
-  SELECT name AS tool_name, run_ms, calls = 1 AS timed FROM runs
+  SELECT name AS tool_name, CASE WHEN calls = 1 THEN run_ms END AS run_ms, calls = 1 AS timed FROM runs
   UNION ALL SELECT array_to_string(list_filter(names, lambda x, i: list_position(names, x) = i), '+'), run_ms, true
   FROM groups)
 SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms IS NULL) AS open,

@@ -333,6 +333,87 @@ async def test_report_by_tool_name_counts_each_call_and_those_never_answered(sim
     assert group["p50_s"] == pytest.approx(spans[0].seconds, abs=1e-3)
 
 
+async def gemini_cli_turns(url: str, rounds: int) -> list[float]:
+    """Gemini CLI's shape: each answer a `functionCall` without an id, each result a `functionResponse` with
+    the id the CLI makes up (`lookup_<ms>_0`), the whole history sent each time; the last answer is text.
+    When each request was sent (monotonic)."""
+    path = "/v1beta/models/gemini-x:streamGenerateContent?alt=sse"
+    headers = {**FAST, "x-goog-api-key": "AIza-test-38", "user-agent": "GeminiCLI/0.61.0/gemini-x (linux; x64)"}
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "list the files " * 20}]}]
+    sent = []
+    async with aiohttp.ClientSession() as s:
+        for n in range(rounds + 1):
+            sent.append(time.monotonic())
+            tool = {"x-sim-tool-call": "1"} if n < rounds else {}
+            async with s.post(url + path, json={"contents": contents}, headers={**headers, **tool}) as r:
+                assert r.status == 200
+                await r.read()
+            if n < rounds:
+                await asyncio.sleep(0.05)  # the tool runs
+                made_up = f"lookup_{int(time.time() * 1000)}_0"
+                contents += [{"role": "model", "parts": [{"functionCall": {"name": "lookup", "args": {}}}]},
+                             {"role": "user", "parts": [{"functionResponse": {"id": made_up, "name": "lookup",
+                                                                              "response": {"output": "ok"}}}]}]
+    return sent
+
+
+async def test_gemini_cli_tool_runs_close_by_name_and_order(sim: Simulator, tmp_path: Path) -> None:
+    """#41: a call without an id pairs with the result whose made-up id is none of the calls', by name and
+    order in the session: two rounds of `lookup` close two spans, each at the request that carried its result."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        await gemini_cli_turns(p.url, rounds=2)
+        assert p.flush(10)
+    db = tmp_path / "llmtap.duckdb"
+    [s] = read_sessions(db)
+    con = duckdb.connect(str(db), read_only=True)
+    starts = [r[0] for r in con.execute("SELECT epoch(started_at) FROM requests ORDER BY started_at").fetchall()]
+    con.close()
+    tools = [sp for sp in s.spans if sp.kind == "tool"]
+    assert [sp.end_s for sp in tools] == [pytest.approx(starts[1], abs=1e-5), pytest.approx(starts[2], abs=1e-5)]
+    [group] = json.loads(cli("report", "--db", str(db), "--by", "tool_name", "--format", "json"))["groups"]
+    assert (group["tool_name"], group["runs"], group["open"]) == ("lookup", 2, 0)
+
+
+def test_a_tool_span_starts_where_its_own_block_ended() -> None:
+    """#39: the agent starts a tool when its block closes, while the response still streams."""
+    s = timeline.timeline([row("a", 0, 1, 0.5), row("b", 3, 1, 0.5)], {"a": [("Bash", 3, 0.6), ("Read", 3, 0.9)]})
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    assert (tool.part, tool.start_s, tool.end_s) == ("Bash+Read", 0.6, 3)
+    assert s.totals.tools_s == {"Bash+Read": 2}  # the streaming stays the model's
+
+
+async def test_report_by_tool_name_counts_a_parallel_group_once(sim: Simulator, tmp_path: Path) -> None:
+    """#39: `Bash` and `Read` asked for together, their results back together: the wire cannot tell the
+    Read's own run from the Bash's, so neither is given the group's time; the group's wall counts once."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p, aiohttp.ClientSession() as s:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        headers = {**FAST, "x-claude-code-session-id": SESSION, "x-sim-tool-call": "1", "x-sim-tool-name": "Bash,Read"}
+        async with s.post(p.url + "/v1/messages", json=claude_body(history), headers=headers) as r:
+            body = await r.read()
+        calls = [orjson.loads(line[6:])["content_block"] for line in body.split(b"\n") if line.startswith(b"data: ")
+                 and orjson.loads(line[6:]).get("type") == "content_block_start"
+                 and orjson.loads(line[6:])["content_block"]["type"] == "tool_use"]
+        assert [c["name"] for c in calls] == ["Bash", "Read"]
+        await asyncio.sleep(TOOL_S)
+        history += [{"role": "assistant", "content": calls},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c["id"], "content": "ok"}
+                                                 for c in calls]}]
+        await turn(s, p.url, history, tool=False)
+        assert p.flush(10)
+    db = tmp_path / "llmtap.duckdb"
+    [session] = read_sessions(db)
+    [span] = [sp for sp in session.spans if sp.kind == "tool"]
+    groups = {g["tool_name"]: g for g in json.loads(cli("report", "--db", str(db), "--by", "tool_name",
+                                                          "--format", "json"))["groups"]}
+    assert set(groups) == {"Bash+Read", "Bash", "Read"}
+    assert (groups["Bash+Read"]["runs"], groups["Bash+Read"]["open"]) == (1, 0)
+    assert groups["Bash+Read"]["total_s"] == pytest.approx(span.seconds, abs=1e-3)
+    for name in ("Bash", "Read"):  # each call counted, its own run not known from the wire
+        assert (groups[name]["runs"], groups[name]["in_groups"], groups[name]["total_s"]) == (0, 1, 0)
+    assert sum(g["total_s"] for g in groups.values()) == pytest.approx(span.seconds, abs=1e-3)
+    assert "Bash+Read" in cli("report", "--db", str(db), "--by", "tool_name")
+
+
 async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
     db, _ = recorded
     [s] = read_sessions(db)
