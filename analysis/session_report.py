@@ -62,11 +62,13 @@ def span_json(span: Span, origin: float) -> dict[str, Any]:
             "request_id": span.request_id, "model": span.model, "calls": list(span.calls)}
 
 
-def render_sessions(found: list[Session], fmt: str) -> str:
+def render_sessions(found: list[Session], fmt: str, total: int | None = None) -> str:
+    """The sessions (`total`: how many the window has, when `found` are the newest of them)."""
     if fmt == "json":
         return dumps([session_json(s) for s in found])
     if not found:
-        return "no sessions in this window (sessions are made of generations: see `llmtap report --by session`)\n"
+        return ("no sessions in this window (sessions are made of generations: see `llmtap report --by session`;"
+                " --since all for every one)\n")
     first, second = [], []
     for s in found:
         t = s.totals
@@ -89,6 +91,9 @@ def render_sessions(found: list[Session], fmt: str) -> str:
         if s.slow:
             notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
     notes.append("Each instant once: the model (waiting for its first token, generating), tools, you, other.")
+    if total is not None and total > len(found):
+        notes.append(f"The newest {len(found)} of {total:,} sessions in this window: --limit N for more,"
+                     " --since for another window (all: every one).")
     return text + "\n".join(notes) + "\n"
 
 
