@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,6 +142,9 @@ def _update_prices(update: bool) -> None:
         raise click.ClickException(f"cannot update prices: {type(exc).__name__}: {exc}") from None
 
 
+ALL_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)  # `--since all`: said, unlike no --since (a default window)
+
+
 def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], models: tuple[str, ...],
                  tools: tuple[str, ...], *, excluded: tuple[str, ...] = (), conditions: tuple[str, ...] = (),
                  bench: bool = True) -> Filters:
@@ -151,7 +155,7 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
         raise click.BadParameter(str(exc), param_hint="--where") from None
     try:
         return Filters(
-            since=parse_time(since, now) if since and since != "all" else None,
+            since=ALL_TIME if since == "all" else parse_time(since, now) if since else None,
             until=parse_time(until, now) if until else None,
             tags=tags, models=models, tools=tools, exclude=tuple(_exclusion(e) for e in excluded),
             conditions=checked, bench=bench,
@@ -309,9 +313,10 @@ def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show
                 raise click.ClickException(str(exc)) from None
         elif by == "tool_name":
             from analysis.session_report import render_tool_runs
-            from analysis.timeline import tool_names
+            from analysis.timeline import a_week, tool_names
 
-            text = render_tool_runs(tool_names(source.query, replace(filters, kinds=()).where()), fmt)
+            text = render_tool_runs(tool_names(source.query, replace(a_week(filters), kinds=()).where()), fmt,
+                                    filters.since is None and filters.until is None)
         elif show_breakdown:
             from analysis import breakdown
 

@@ -4,18 +4,15 @@ and a note on the successful streams whose chunks had empty `choices`."""
 from __future__ import annotations
 
 import textwrap
-from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
+from dataclasses import asdict, dataclass, field
 
 from analysis.diagnose import ErrorGroup, diagnose, empty_choices_note, error_groups
 from analysis.filters import Filters
 from analysis.formatting import csv_text, dumps, layout
 from analysis.report import span
 from analysis.source import Source
-from analysis.timewindow import utc_now
 
 WIDTH = 80
-SLOW_WINDOW = timedelta(days=7)  # slow sessions are looked for in the last week unless --since/--until say
 HEADERS = ("count", "status", "tool", "outcome", "error_type", "last (UTC)")
 
 
@@ -43,11 +40,9 @@ def build_error_report(source: Source, filters: Filters) -> ErrorReport:
             headroom = headroom_before_429s(source, filters)
         except LimitsUnknown:
             pass
-    from analysis.timeline import slow_sessions
+    from analysis.timeline import a_week, slow_sessions
 
-    if filters.since is None and filters.until is None:  # a person's window: the sessions of the last week
-        filters = replace(filters, since=utc_now() - SLOW_WINDOW)
-    slow = slow_sessions(source.query, filters.where())
+    slow = slow_sessions(source.query, a_week(filters).where())
     return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom, slow)
 
 

@@ -145,20 +145,27 @@ def _totals_lines(t: Totals, s: Session) -> list[str]:
     return lines
 
 
-def render_tool_runs(groups: list[dict[str, Any]], fmt: str) -> str:
-    """`llmtap report --by tool_name`: each tool's run time across sessions (timeline.tool_names)."""
+def render_tool_runs(groups: list[dict[str, Any]], fmt: str, week: bool = False) -> str:
+    """`llmtap report --by tool_name`: each tool's run time across sessions (timeline.tool_names); `week`:
+    over the last week, the window when none is given."""
     if fmt == "json":
         return dumps({"by": "tool_name", "groups": [
             {k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in groups]})
     if not groups:
-        return "no tool runs in this window (tools are seen where a response asks for one)\n"
+        return ("no tool runs in this window (tools are seen where a response asks for one"
+                + ("; the last 7 days: --since all for every one" if week else "") + ")\n")
     points = ("p50_s", "p95_s", "p99_s", "max_s", "total_s")
-    rows = [[g["tool_name"] or "?", str(g["runs"]), str(g["open"]), *(fmt_s(g[p]) for p in points)] for g in groups]
-    text = layout(["tool", "runs", "open", "p50", "p95", "p99", "max", "total"], rows,
-                  [False, True, True, True, True, True, True, True],
-                  groups=["", "", "", "run time", "run time", "run time", "run time", ""], limit=WIDTH, shrinkable=[0])
-    return text + ("A call's run: from the response that asked for it to the request that brought its result."
-                   " Open: no result came.\n")
+    rows = [[g["tool_name"] or "?", str(g["runs"]), str(g["open"]), str(g["in_groups"]), *(fmt_s(g[p]) for p in points)]
+            for g in groups]
+    text = layout(["tool", "runs", "open", "grouped", "p50", "p95", "p99", "max", "total"], rows,
+                  [False, True, True, True, True, True, True, True, True],
+                  groups=["", "", "", "", "run time", "run time", "run time", "run time", ""], limit=WIDTH,
+                  shrinkable=[0])
+    return text + "\n".join([
+        "A call's run: from its block's end in the response to the request that brought its result; open: none came.",
+        "Calls asked for together (Bash+Read) count once, as their group; grouped: a tool's calls in groups",
+        "(the results come back together: the wire does not say when each call ended).",
+        *(["The last 7 days: --since for another window (all: every one)."] if week else [])]) + "\n"
 
 
 # The HTML report's sessions panel: each part's colour (the TTFT breakdown's palette, analysis/breakdown.py).

@@ -25,14 +25,17 @@ from bisect import bisect_left, insort
 from heapq import heappop, heappush
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
-from analysis.filters import sql_string
+from analysis.filters import Filters, sql_string
+from analysis.timewindow import utc_now
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
+WEEK = timedelta(days=7)  # the window `sessions`, `session`, `errors`' slow sessions and tool runs look at unless told
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
 PEER_WINDOW_S = 3600.0  # its peers: the sessions on the same model within this of it
 # Each instant goes to the first of these that covers it.
@@ -179,20 +182,37 @@ class Session:
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
 
 
+def a_week(filters: Filters) -> Filters:
+    """`filters`, or the last WEEK when they set no window (the window a person means by "my sessions")."""
+    if filters.since is not None or filters.until is not None:
+        return filters
+    return replace(filters, since=utc_now() - WEEK)
+
+
+def latest(query: Query, where: str = "TRUE", count: int = 12, gap_s: float = GAP_S) -> list[Session]:
+    """The newest `count` sessions (no slow flags) among those of the last WEEK of the requests matching
+    `where`: the HTML report's panel, in a time bounded by a week's requests, however long the window."""
+    newest_at = query(f"SELECT max(started_at) FROM requests WHERE kind = 'generation' AND ({where})")[2][0][0]
+    if newest_at is None:
+        return []
+    week = f"({where}) AND started_at >= TIMESTAMPTZ '{newest_at.isoformat()}' - INTERVAL {WEEK.days} DAY"
+    return newest(query, week, gap_s, count, flags=False)[1]
+
+
 def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
     oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
     return newest(query, where, gap_s)[1]
 
 
-def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None
+def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None, flags: bool = True
            ) -> tuple[int, list[Session]]:
     """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
-    the same sessions, spans and flags, the requests of those alone and of those near enough to be
-    their peers (`flag_slow`) read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
+    the same sessions, spans and flags (none looked for unless `flags`), the requests of those alone
+    read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
     if count is not None and count <= 0:
         return int(query(COUNT_SQL.format(**_grouped(query, where, gap_s)[1]))[2][0][0]), []
-    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}")
+    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}", flags)
 
 
 def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
@@ -203,10 +223,10 @@ def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) 
                                         f" ELSE starts_with(key, {k}) END")[1]
 
 
-def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int, list[Session]]:
+def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool = True) -> tuple[int, list[Session]]:
     """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks: their
     requests alone read and their timelines built; the slow flags from every session's cells."""
-    have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql)
+    have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql, flags)
     if not members:
         return total, []
     runs = _runs(query, have, where, [row for rows in members.values() for row in rows])
@@ -215,26 +235,27 @@ def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int
         session = timeline(rows, runs)
         session.key = key
         found.append(session)
-    flags = _flags(cells)
+    found_flags = _flags(cells, {s.key for s in found}) if flags else {}
     for session in found:
-        session.slow = flags.get(session.key)
+        session.slow = found_flags.get(session.key)
     return total, found
 
 
-def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str
+def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str, with_cells: bool = True
                    ) -> tuple[set[str], int, Cells, list[tuple[str, str | None]], dict[str, list[dict[str, Any]]]]:
     """SESSIONS_SQL: the columns the database has, how many sessions, their cells (`flag_slow`), those
-    that have one as (key, first request's tool), and the picked sessions' requests by key, oldest first."""
+    that have one as (key, first request's tool), and the picked sessions' requests by key, oldest first
+    (without `with_cells`, no cells: their medians are not computed)."""
     have, grouped = _grouped(query, where, gap_s)
     names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
     cells: Cells = {}
     keyed: dict[str, str | None] = {}
     members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     total = 0
-    medians = {name: _median_sql(name) for name in ("t0", "tpot", "ttft")}
+    medians = {name: _median_sql(name) if with_cells else f"NULL AS {name}" for name in ("t0", "tpot", "ttft")}
     for key, total, tool, model, counted, t0, tpot, ttft, rows in query(
             SESSIONS_SQL.format(**grouped, names=names, shown=shown_sql, **medians))[2]:
-        if counted:
+        if counted and with_cells:
             cells[(key, model)] = (t0, {m: v for m, v in zip(METRICS, (tpot, ttft)) if v is not None})
             keyed.setdefault(key, tool)
         if rows is not None:
@@ -432,15 +453,22 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
 Cells = dict[tuple[str, str], tuple[float, dict[str, float]]]
 
 
-def _flags(cells: Cells) -> dict[str, str]:
+def _flags(cells: Cells, wanted: set[str] | None = None) -> dict[str, str]:
     """`flag_slow`'s findings by session key, from the sessions' cells (a session's first finding, in
-    its rows' order, is the one it shows)."""
+    its rows' order, is the one it shows); for the sessions `wanted` alone (None: all), the peers of
+    those alone looked at (the cells within PEER_WINDOW_S of theirs)."""
+    if wanted is not None:
+        mine = [c[0] for k, c in cells.items() if k[0] in wanted]
+        low, high = min(mine, default=0.0) - PEER_WINDOW_S, max(mine, default=0.0) + PEER_WINDOW_S
+        cells = {k: c for k, c in cells.items() if low <= c[0] <= high}
     at = {k: c[0] for k, c in cells.items()}
     medians = {k: c[1] for k, c in cells.items()}
     typical = _peer_medians(medians, at)
     flags: dict[str, str] = {}
     for place in cells:
         key, model = place
+        if wanted is not None and key not in wanted:
+            continue
         for metric in METRICS:
             peers = typical.get((place, metric))
             if peers is None:

@@ -82,6 +82,7 @@ def store(folder: Path, requests: int) -> Path:
         report_speed.build(path, requests, chunks, days=DAYS, memory_limit=BUILD_MEMORY)
     con = duckdb.connect(str(path), config={"memory_limit": BUILD_MEMORY})
     try:
+        migrated(con)
         if con.execute("SELECT count(tool_calls) FROM requests").fetchone()[0]:
             return path
         con.execute(CHAIN_SQL)
@@ -93,10 +94,19 @@ def store(folder: Path, requests: int) -> Path:
     return path
 
 
-def run(command: list[str], timeout_s: float) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MB, exit status) of `command` as a child of its own."""
+def migrated(con: duckdb.DuckDBPyConnection) -> None:
+    """Mark every migration applied (the builder makes the tables as they are now), so `serve` opens it."""
+    from proxy.record.migrations import MIGRATIONS
+
+    con.execute("CREATE TABLE IF NOT EXISTS _llmtap_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ)")
+    for fn in MIGRATIONS:
+        con.execute("INSERT INTO _llmtap_migrations VALUES (?, current_timestamp) ON CONFLICT DO NOTHING", [fn.__name__])
+
+
+def run(command: list[str], timeout_s: float, env: dict[str, str]) -> tuple[float, float, int, float]:
+    """(wall seconds, peak RSS MB, exit status, CPU seconds) of `command` as a child of its own."""
     started = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = started + timeout_s
     while True:
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
@@ -105,9 +115,10 @@ def run(command: list[str], timeout_s: float) -> tuple[float, float, int]:
         if time.perf_counter() > deadline:
             child.kill()
             pid, status, usage = os.wait4(child.pid, 0)
-            return float("inf"), usage.ru_maxrss / 1024, -9
+            return float("inf"), usage.ru_maxrss / 1024, -9, usage.ru_utime + usage.ru_stime
         time.sleep(0.01)
-    return time.perf_counter() - started, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    return (time.perf_counter() - started, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status),
+            usage.ru_utime + usage.ru_stime)
 
 
 def llmtap() -> str:
@@ -139,16 +150,22 @@ def commands(path: Path, out: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def time_cli(path: Path, runs: int, timeout_s: float) -> list[tuple[str, str]]:
-    out = path.parent
+def time_cli(path: Path, runs: int, timeout_s: float, code: Path | None) -> list[tuple[str, str]]:
+    """Each command's median wall, its peak RSS and median CPU (user + system: what the machine's other
+    work does not change); `code`: run the commands of that checkout instead (PYTHONPATH)."""
+    env = {**os.environ, **({"PYTHONPATH": str(code)} if code else {})}
     rows = []
-    for label, args in commands(path, out):
-        measured = [run([llmtap(), *args], timeout_s) for _ in range(runs)]
+    for label, args in commands(path, path.parent):
+        measured = []
+        for _ in range(runs):
+            measured.append(run([llmtap(), *args], timeout_s, env))
+            if measured[-1][0] == float("inf"):
+                break  # one run past the limit is enough to say so
         failed = [m for m in measured if m[2] != 0]
         wall = statistics.median(m[0] for m in measured)
-        rss = max(m[1] for m in measured)
-        cell = (f"over {timeout_s:.0f} s" if wall == float("inf") else f"{wall:.2f} s") + f", {rss:.0f} MB"
-        if failed:
+        rss, cpu = max(m[1] for m in measured), statistics.median(m[3] for m in measured)
+        cell = (f"over {timeout_s:.0f} s" if wall == float("inf") else f"{wall:.2f} s") + f" ({cpu:.2f} s CPU), {rss:.0f} MB"
+        if failed and wall != float("inf"):
             cell += f" (exit {failed[0][2]})"
         print(f"  {label:<28} {cell}", flush=True)
         rows.append((label, cell))
@@ -192,7 +209,8 @@ def time_api(path: Path, runs: int, port: int) -> list[tuple[str, str]]:
                 break
             except OSError:
                 if time.monotonic() > deadline or serve.poll() is not None:
-                    raise SystemExit(f"serve did not start: {serve.stderr.read().decode()[-500:] if serve.stderr else ''}")
+                    serve.kill()
+                    raise SystemExit(f"serve did not start: {serve.communicate()[1].decode()[-500:]}")
                 time.sleep(0.2)
         for label, url in API_CALLS:
             times, status, body = [], 200, b""
@@ -219,7 +237,11 @@ def time_api(path: Path, runs: int, port: int) -> list[tuple[str, str]]:
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, help="A command's longest run.")
 @click.option("--port", default=23100, show_default=True, help="serve's port for the API calls.")
 @click.option("--build-only", is_flag=True, help="Build the stores, time nothing.")
-def main(sizes: str, folder: Path, runs: int, timeout_s: float, port: int, build_only: bool) -> None:
+@click.option("--code", type=click.Path(file_okay=False, path_type=Path),
+              help="Time the CLI of this checkout instead (a worktree of main: the figures before).")
+@click.option("--no-api", is_flag=True, help="Time the CLI alone.")
+def main(sizes: str, folder: Path, runs: int, timeout_s: float, port: int, build_only: bool, code: Path | None,
+         no_api: bool) -> None:
     """Build the stores and time the session answers on each."""
     print(f"machine: {report_speed.machine()}", flush=True)
     table: dict[str, dict[int, str]] = {}
@@ -229,7 +251,7 @@ def main(sizes: str, folder: Path, runs: int, timeout_s: float, port: int, build
         if build_only:
             continue
         print(f"{requests:,} requests ({path.stat().st_size / 2**20:,.0f} MiB):", flush=True)
-        for label, cell in time_cli(path, runs, timeout_s) + time_api(path, runs, port):
+        for label, cell in time_cli(path, runs, timeout_s, code) + ([] if no_api else time_api(path, runs, port)):
             table.setdefault(label, {})[requests] = cell
     if table:
         print("\n| command | " + " | ".join(f"{n:,} requests" for n in counts) + " |")

@@ -29,7 +29,7 @@ from analysis.html.charts import build_charts
 from analysis.html.page import empty_page, report_page
 from analysis.html.queries import fetch_report_data
 from analysis.session_report import HTML_SESSIONS, html_panel as session_panel
-from analysis.timeline import newest
+from analysis.timeline import latest
 
 
 def render_html(
@@ -44,4 +44,4 @@ def render_html(
     if not data["totals"]["requests"]:
         return empty_page(title, where, data["totals"])
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
-    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(newest(query, where, count=HTML_SESSIONS)[1]))
+    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(latest(query, where, HTML_SESSIONS)))
