@@ -253,14 +253,15 @@ def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str, with_
     members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     total = 0
     medians = {name: _median_sql(name) if with_cells else f"NULL AS {name}" for name in ("t0", "tpot", "ttft")}
-    for key, total, tool, model, counted, t0, tpot, ttft, rows in query(
+    for key, sessions_in_all, tool, model, counted, t0, tpot, ttft, rows in query(
             SESSIONS_SQL.format(**grouped, names=names, shown=shown_sql, **medians))[2]:
+        total = sessions_in_all
         if counted and with_cells:
             cells[(key, model)] = (t0, {m: v for m, v in zip(METRICS, (tpot, ttft)) if v is not None})
             keyed.setdefault(key, tool)
         if rows is not None:
             members[key] += rows
-    for key, rows in members.items():
+    for rows in members.values():
         rows.sort(key=lambda r: r["n"])
         for r in rows:
             del r["n"]
@@ -390,8 +391,8 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
     for a, b in zip(edges, edges[1:]):
         while entered < len(closed) and closed[entered][0] <= a:
             _, i, span = closed[entered]
-            heappush(active["tool" if span.kind == "tool" else span.part],
-                     (span.start_s, i, span) if span.kind == "tool" else (span.end_s, i, span))  # type: ignore[arg-type]
+            order = span.start_s if span.kind == "tool" else (span.end_s or 0.0)
+            heappush(active["tool" if span.kind == "tool" else span.part], (order, i, span))
             entered += 1
         if b <= start or a >= end:
             continue

@@ -210,7 +210,7 @@ def time_api(path: Path, runs: int, port: int) -> list[tuple[str, str]]:
             except OSError:
                 if time.monotonic() > deadline or serve.poll() is not None:
                     serve.kill()
-                    raise SystemExit(f"serve did not start: {serve.communicate()[1].decode()[-500:]}")
+                    raise SystemExit(f"serve did not start: {serve.communicate()[1].decode()[-500:]}") from None
                 time.sleep(0.2)
         for label, url in API_CALLS:
             times, status, body = [], 200, b""
