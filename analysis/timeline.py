@@ -192,10 +192,10 @@ def a_week(filters: Filters) -> Filters:
 def latest(query: Query, where: str = "TRUE", count: int = 12, gap_s: float = GAP_S) -> list[Session]:
     """The newest `count` sessions (no slow flags) among those of the last WEEK of the requests matching
     `where`: the HTML report's panel, in a time bounded by a week's requests, however long the window."""
-    newest_at = query(f"SELECT max(started_at) FROM requests WHERE kind = 'generation' AND ({where})")[2][0][0]
-    if newest_at is None:
+    newest_at = query(f"SELECT CAST(max(started_at) AS VARCHAR) FROM requests WHERE kind = 'generation' AND ({where})")
+    if newest_at[2][0][0] is None:
         return []
-    week = f"({where}) AND started_at >= TIMESTAMPTZ '{newest_at.isoformat()}' - INTERVAL {WEEK.days} DAY"
+    week = f"({where}) AND started_at >= {sql_string(newest_at[2][0][0])}::TIMESTAMPTZ - INTERVAL {WEEK.days} DAY"
     return newest(query, week, gap_s, count, flags=False)[1]
 
 
@@ -427,10 +427,10 @@ def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
     from analysis.views import tool_runs_sql
 
     calls = f"kind = 'generation' AND ({where})"
-    low = query(f"SELECT min(started_at) FROM requests WHERE tool_calls IS NOT NULL AND {calls}")[2][0][0]
+    low = query(f"SELECT CAST(min(started_at) AS VARCHAR) FROM requests WHERE tool_calls IS NOT NULL AND {calls}")[2][0][0]
     if low is None:
         return []
-    first = f"TIMESTAMPTZ '{low.isoformat()}' - INTERVAL 1 MILLISECOND"
+    first = f"{sql_string(low)}::TIMESTAMPTZ - INTERVAL 1 MILLISECOND"
     columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_runs_sql(calls, first)))
     return [dict(zip(columns, r)) for r in data]
 
