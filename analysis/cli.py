@@ -472,6 +472,8 @@ def sessions(gap_min: float, limit: int, filters: Filters, db_path: Path, source
     with opened(db_path, sources) as source:
         total, found = timeline.newest(source.query, filters.where(), gap_min * 60, limit)
     echo(render_sessions(found, fmt, total), nl=False)
+    if fmt == "json" and total > len(found):  # the list stays a list; the note goes beside it
+        echo(f"llmtap: the newest {len(found)} of {total:,} sessions in this window (--limit, --since)", err=True)
 
 
 @click.command()

@@ -290,6 +290,9 @@ async def test_sessions_flags_one_slow_among_concurrent_peers(sim: Simulator, tm
     assert found["crawl-1"].slow is not None and "TPOT" in found["crawl-1"].slow
     assert all(found[k].slow is None for k in ("ok-1", "ok-2", "ok-3"))
     assert "crawl-1 is slow" in cli("sessions", "--db", db)
+    paged = cli("sessions", "--db", db, "--limit", "2")  # the newest two, said so
+    assert "The newest 2 of 4 sessions in this window" in paged and paged.count("claude-code") == 2
+    assert "no sessions in this window" in cli("sessions", "--db", db, "--until", "2026-01-01")
 
 
 def test_peers_are_the_sessions_on_the_model_within_the_hour() -> None:
