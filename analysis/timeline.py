@@ -67,24 +67,33 @@ p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBO
 # Those sessions (`ord`: by their start), each with its key and its first request's tool.
 KEYED_SQL = GROUPED_SQL + """, s AS (
   SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
-    arg_min_null(tool, n) AS first_tool FROM p GROUP BY seen, part),
+    max(t0) AS last_s, arg_min_null(tool, n) AS first_tool FROM p GROUP BY seen, part),
 o AS (
-  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, first_tool,
+  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s, first_tool,
     row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
   FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s))
 """
-# One pass over the sessions (the grouping costs the most): per session and model, what `flag_slow` takes
-# of its successful requests (their starts, TPOTs and TTFTs per input token, in its rows' order), and for
-# the sessions that {shown} picks (a condition on a session's key, `ord` and the `total`), their requests.
+# One pass over the sessions (the grouping costs the most), a row per session: for the sessions that {shown}
+# picks (a condition on a session's key, `ord` and the `total`), their requests; for those and the sessions
+# near enough to be their peers (all: {every}), per model what `flag_slow` takes of their successful
+# requests: the medians of their starts, TPOTs and TTFTs per input token (in its rows' order, so a
+# session's first cell is its first model's). A row per session keeps the answer within a query's caps.
 SESSIONS_SQL = KEYED_SQL + """, o2 AS (SELECT *, {shown} AS shown FROM o),
-q AS (SELECT *, outcome = 'ok' AND request_model <> '' AS counted FROM p JOIN o2 USING (seen, part)),
+w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o2 WHERE shown),
+o3 AS (SELECT o2.*, shown OR {every} OR (start_s <= high AND last_s >= low) AS near FROM o2, w),
+q AS (SELECT *, outcome = 'ok' AND request_model <> '' AS counted
+  FROM p JOIN (SELECT * FROM o3 WHERE near) USING (seen, part)),
 c AS (
   SELECT key, ord, total, first_tool, request_model, bool_or(counted) AS counted, min(n) AS first,
     list_sort(list(t0) FILTER (counted)) AS t0, list_sort(list(tpot_ms) FILTER (counted AND tpot_ms IS NOT NULL)) AS tpot,
     list_sort(list(ttft_ms / input_tokens) FILTER (counted AND ttft_ms IS NOT NULL AND input_tokens <> 0)) AS ttft,
     list(struct_pack(n, {names})) FILTER (shown) AS requests
-  FROM q GROUP BY key, ord, total, first_tool, shown, request_model)
-SELECT key, total, first_tool, request_model, counted, {t0}, {tpot}, {ttft}, requests FROM c ORDER BY ord, first
+  FROM q GROUP BY key, ord, total, first_tool, shown, request_model),
+m AS (SELECT key, ord, total, first_tool, request_model, counted, first, {t0}, {tpot}, {ttft}, requests FROM c)
+SELECT key, any_value(total) AS total, any_value(first_tool) AS first_tool,
+  list(struct_pack(request_model, t0, tpot, ttft) ORDER BY first) FILTER (counted) AS cells,
+  flatten(list(requests) FILTER (requests IS NOT NULL)) AS requests
+FROM m GROUP BY key, ord ORDER BY ord
 """
 
 
@@ -253,14 +262,16 @@ def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str, with_
     members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     total = 0
     medians = {name: _median_sql(name) if with_cells else f"NULL AS {name}" for name in ("t0", "tpot", "ttft")}
-    for key, sessions_in_all, tool, model, counted, t0, tpot, ttft, rows in query(
-            SESSIONS_SQL.format(**grouped, names=names, shown=shown_sql, **medians))[2]:
+    every = "TRUE" if shown_sql == "FALSE" else "FALSE"  # no session shown: every one's flag wanted
+    for key, sessions_in_all, tool, found, rows in query(SESSIONS_SQL.format(
+            **grouped, names=names, shown=shown_sql, window=repr(PEER_WINDOW_S), every=every, **medians))[2]:
         total = sessions_in_all
-        if counted and with_cells:
-            cells[(key, model)] = (t0, {m: v for m, v in zip(METRICS, (tpot, ttft)) if v is not None})
+        for cell in (found or []) if with_cells else []:
+            cells[(key, cell["request_model"])] = (
+                cell["t0"], {m: v for m, v in zip(METRICS, (cell["tpot"], cell["ttft"])) if v is not None})
             keyed.setdefault(key, tool)
         if rows is not None:
-            members[key] += rows
+            members[key] = rows
     for rows in members.values():
         rows.sort(key=lambda r: r["n"])
         for r in rows:
