@@ -28,8 +28,8 @@ from analysis.breakdown import build_breakdown, html_panel
 from analysis.html.charts import build_charts
 from analysis.html.page import report_page
 from analysis.html.queries import fetch_report_data
-from analysis.session_report import html_panel as session_panel
-from analysis.timeline import sessions
+from analysis.session_report import HTML_SESSIONS, html_panel as session_panel
+from analysis.timeline import latest
 
 
 def render_html(
@@ -44,4 +44,4 @@ def render_html(
     if not data["totals"]["requests"]:
         return report_page(title, where, data, [])
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
-    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(sessions(query, where)))
+    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(latest(query, where, HTML_SESSIONS)))
