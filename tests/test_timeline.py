@@ -348,7 +348,8 @@ async def gemini_cli_turns(url: str, rounds: int) -> list[float]:
         for n in range(rounds + 1):
             sent.append(time.monotonic())
             tool = {"x-sim-tool-call": "1"} if n < rounds else {}
-            async with s.post(url + path, json={"contents": contents}, headers={**headers, **tool}) as r:
+            body = {"contents": contents, "tools": [{"functionDeclarations": [{"name": "lookup"}]}]}  # as the CLI
+            async with s.post(url + path, json=body, headers={**headers, **tool}) as r:
                 assert r.status == 200
                 await r.read()
             if n < rounds:
