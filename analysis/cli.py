@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,10 +73,13 @@ def _exclusion(value: str) -> tuple[str, str]:
     return field.strip(), excluded
 
 
-def filter_options_for(*, where: bool = True, daily: bool = True) -> Callable[[F], F]:
+def filter_options_for(*, where: bool = True, daily: bool = True, since: str | None = None) -> Callable[[F], F]:
     """--since/--until, the tag, model and tool filters, --exclude, --where (unless `where` is False:
     compare's --where names sides) and, on a daily command, --include-bench; given to the command as
-    `filters`. `daily`: `llmtap bench`'s rows are left out unless --include-bench (or --tag)."""
+    `filters`. `daily`: `llmtap bench`'s rows are left out unless --include-bench (or --tag). `since`:
+    the window when --since is not given (`--since all`: every request)."""
+    default_since = since
+
     def decorate(f: F) -> F:
         @functools.wraps(f)
         def command(*args: Any, since: str | None, until: str | None, tags: tuple[str, ...],
@@ -83,14 +87,15 @@ def filter_options_for(*, where: bool = True, daily: bool = True) -> Callable[[F
                     **kwargs: Any) -> Any:
             conditions = kwargs.pop("where_sql") if where else ()
             bench = kwargs.pop("include_bench") if daily else True
-            filters = make_filters(since, until, tags, models, tools, excluded=excluded, conditions=conditions,
-                                   bench=bench)
+            filters = make_filters(since or default_since, until, tags, models, tools, excluded=excluded,
+                                   conditions=conditions, bench=bench)
             return f(*args, filters=filters, **kwargs)
 
         options = [
             click.option("--since", metavar="WHEN", help=(
                 "Only requests from WHEN: a span before now (30m, 24h, 7d), today or yesterday"
-                " (from 00:00 UTC), or an ISO date-time (UTC unless given).")),
+                " (from 00:00 UTC), or an ISO date-time (UTC unless given); all: every request."
+                + (f" Default: {default_since}." if default_since else ""))),
             click.option("--until", metavar="WHEN", help="Only requests before WHEN (same forms as --since)."),
             click.option("--tag", "tags", multiple=True, help="Only this tag (repeatable)."),
             click.option("--model", "models", multiple=True, help="Only this requested model (repeatable)."),
@@ -137,6 +142,9 @@ def _update_prices(update: bool) -> None:
         raise click.ClickException(f"cannot update prices: {type(exc).__name__}: {exc}") from None
 
 
+ALL_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)  # `--since all`: said, unlike no --since (a default window)
+
+
 def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], models: tuple[str, ...],
                  tools: tuple[str, ...], *, excluded: tuple[str, ...] = (), conditions: tuple[str, ...] = (),
                  bench: bool = True) -> Filters:
@@ -147,7 +155,7 @@ def make_filters(since: str | None, until: str | None, tags: tuple[str, ...], mo
         raise click.BadParameter(str(exc), param_hint="--where") from None
     try:
         return Filters(
-            since=parse_time(since, now) if since else None,
+            since=ALL_TIME if since == "all" else parse_time(since, now) if since else None,
             until=parse_time(until, now) if until else None,
             tags=tags, models=models, tools=tools, exclude=tuple(_exclusion(e) for e in excluded),
             conditions=checked, bench=bench,
@@ -249,8 +257,6 @@ def _with_file_hint(message: str) -> str:
 @click.option("--sort", type=click.Choice(list(report_mod.SORTS)), help=(
     "Order the groups by this, largest first (name: in order): count, errors (err%), p50/p95 TTFT, E2E,"
     " TPOT, cost. Default: count; by hour and day, name (in time)."))
-@click.option("--errors", "show_errors", is_flag=True,
-              help="Show the errors report instead (like `llmtap errors`).")
 @click.option("--breakdown", "show_breakdown", is_flag=True,
               help="Show where TTFT goes instead: the median of each part (connection, wait for headers, "
               "first token) per group, as a table and stacked bars.")
@@ -267,7 +273,7 @@ def _with_file_hint(message: str) -> str:
 @from_option
 @output_options("table", "json", "csv")
 @update_prices_option
-def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
+def report(by: str, sort: str | None, show_limits: bool, show_breakdown: bool, html_path: Path | None, kinds: tuple[str, ...], all_kinds: bool,
            filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str, update_prices: bool) -> None:
     """Latency, errors, tokens and cost by model, tool, route, ...
 
@@ -284,19 +290,15 @@ def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show
     _update_prices(update_prices)
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
-    every = all_kinds or (not kinds and (by == "kind" or show_errors or show_limits))
+    every = all_kinds or (not kinds and (by == "kind" or show_limits))
     filters = replace(filters, kinds=() if every else kinds or ("generation",))
-    if show_errors and show_breakdown:
-        raise click.UsageError("give --errors or --breakdown, not both")
-    if sort and (show_errors or show_limits or show_breakdown or by == "tool_name"):
-        raise click.UsageError("--sort orders the report's groups: it does not go with --errors, --limits,"
-                               " --breakdown or --by tool_name")
+    if sort and (show_limits or show_breakdown or by == "tool_name"):
+        raise click.UsageError("--sort orders the report's groups: it does not go with --limits, --breakdown"
+                               " or --by tool_name")
     if by == "tool_name" and (show_breakdown or html_path is not None):
         raise click.UsageError("--by tool_name shows each tool's run time: it does not go with --breakdown or --html")
     with opened(db_path, sources) as source:
-        if show_errors:
-            text = error_report.RENDERERS[fmt](error_report.build_error_report(source, filters))
-        elif show_limits:
+        if show_limits:
             from analysis import limits
 
             try:
@@ -305,9 +307,10 @@ def report(by: str, sort: str | None, show_errors: bool, show_limits: bool, show
                 raise click.ClickException(str(exc)) from None
         elif by == "tool_name":
             from analysis.session_report import render_tool_runs
-            from analysis.timeline import tool_names
+            from analysis.timeline import a_week, tool_names
 
-            text = render_tool_runs(tool_names(source.query, replace(filters, kinds=()).where()), fmt)
+            text = render_tool_runs(tool_names(source.query, replace(a_week(filters), kinds=()).where()), fmt,
+                                    filters.since is None and filters.until is None)
         elif show_breakdown:
             from analysis import breakdown
 
@@ -437,19 +440,15 @@ def gap_option(f: F) -> F:
     )(f)
 
 
-def _sessions(source: Source, filters: Filters, gap_min: float) -> list[Any]:
-    from analysis import timeline
-
-    return timeline.sessions(source.query, filters.where(), gap_s=gap_min * 60)
-
-
 @click.command()
 @gap_option
-@filter_options
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="List the newest this many sessions.")
+@filter_options_for(since="7d")
 @db_option
 @from_option
 @output_options("table", "json")
-def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+def sessions(gap_min: float, limit: int, filters: Filters, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """Agent sessions: where each one's time went.
 
     Per session (its session id; where a tool sends none, its tool and
@@ -458,38 +457,46 @@ def sessions(gap_min: float, filters: Filters, db_path: Path, sources: tuple[str
     token / generating), the tools (the three that took longest) and you,
     each instant counted once; output tokens and cost. ! marks a slow
     session: TPOT or TTFT per input token 3x its peers' on the same model
-    within the hour. `llmtap session ID` shows one as a timeline.
+    within the hour. `llmtap session ID` shows one as a timeline. The
+    newest --limit sessions of the last 7 days unless --since says.
     """
+    from analysis import timeline
     from analysis.session_report import render_sessions
 
     with opened(db_path, sources) as source:
-        found = _sessions(source, filters, gap_min)
-    echo(render_sessions(found, fmt), nl=False)
+        total, found = timeline.newest(source.query, filters.where(), gap_min * 60, limit)
+    echo(render_sessions(found, fmt, total), nl=False)
+    if fmt == "json" and total > len(found):  # the list stays a list; the note goes beside it
+        echo(f"llmtap: the newest {len(found)} of {total:,} sessions in this window (--limit, --since)", err=True)
 
 
 @click.command()
 @click.argument("session_id", metavar="ID")
 @gap_option
+@click.option("--since", default="7d", show_default=True, metavar="WHEN",
+              help="Look among the sessions from WHEN (forms as in `llmtap report`; all: every one).")
 @db_option
 @from_option
 @output_options("table", "json")
-def session(session_id: str, gap_min: float, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
+def session(session_id: str, gap_min: float, since: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """One agent session as a timeline: model, tool and you spans.
 
     ID is a session as `llmtap sessions` lists it (any unique prefix). A
     line per span, on one time scale: the model's wait for its first token
-    and its generating, each tool run (from the response that asked for it
-    to the request that brought its result; calls made together share a
+    and its generating, each tool run (from the end of the call's block to
+    the request that brought the result; calls made together share a
     span, Bash+Read; ░ a result that never came), and you (a finished
     answer to your next prompt). Then the totals, each instant once.
     """
     from analysis import timeline
     from analysis.session_report import render_session
 
+    where = make_filters(since, None, (), (), ()).where()
     with opened(db_path, sources) as source:
-        found = timeline.matching(source.query, session_id, Filters().where(), gap_s=gap_min * 60)
+        found = timeline.matching(source.query, session_id, where, gap_s=gap_min * 60)
     if not found:
-        raise click.ClickException(f"no session starts with {session_id} (see `llmtap sessions`)")
+        raise click.ClickException(f"no session starts with {session_id} since {since} (see `llmtap sessions`;"
+                                   " --since all looks at every one)")
     if len(found) > 1:
         keys = ", ".join(s.key for s in found[:5])
         raise click.ClickException(f"{session_id} starts {len(found)} sessions ({keys}): give more of it")

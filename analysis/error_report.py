@@ -40,9 +40,9 @@ def build_error_report(source: Source, filters: Filters) -> ErrorReport:
             headroom = headroom_before_429s(source, filters)
         except LimitsUnknown:
             pass
-    from analysis.timeline import sessions
+    from analysis.timeline import a_week, slow_sessions
 
-    slow = [{"session": s.key, "tool": s.tool, "why": s.slow} for s in sessions(source.query, filters.where()) if s.slow]
+    slow = slow_sessions(source.query, a_week(filters).where())
     return ErrorReport(requests, failed, first, last, groups, empty_choices_note(source, filters), headroom, slow)
 
 

@@ -17,6 +17,7 @@ from uuid import UUID
 
 import orjson
 
+from proxy.common.prices import fmt_usd as fmt_usd  # re-exported: one way a price reads
 from proxy.common.terminal_text import printable, printable_cells
 
 FORMATS = ("table", "csv", "json", "ndjson", "markdown")
@@ -88,17 +89,6 @@ def fmt_pct(fraction_or_pct: float | None, *, scale: float = 1.0) -> str:
 
 def fmt_number(x: float | None, decimals: int = 0) -> str:
     return "-" if x is None else f"{x:.{decimals}f}"
-
-
-def fmt_usd(usd: float | None) -> str:
-    """12.345 -> '$12.35', 0.161 -> '$0.16', 0.00051 -> '$0.0005', 1234.5 -> '$1235'; None -> '-'."""
-    if usd is None:
-        return "-"
-    if usd == 0:
-        return "$0"
-    if abs(usd) < 0.01:
-        return f"${usd:.1g}" if abs(usd) >= 1e-4 else "<$0.0001"
-    return f"${usd:.2f}" if abs(usd) < 100 else f"${usd:.0f}"
 
 
 # -- tables --------------------------------------------------------------------

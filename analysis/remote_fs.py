@@ -6,7 +6,7 @@ filesystem (`register_filesystem`): it calls the filesystem's `glob`, `ls`,
 s3fs is one, kept by the fsspec project, and reaches AWS S3 and every
 S3-compatible store (MinIO, R2, Ceph, ...) with nothing but PyPI
 (`pip install 'llmtap[s3]'`). Two things differ from a disk, and `_S3` adapts
-them for DuckDB: listing a prefix that holds nothing is an empty list (s3fs
+them for DuckDB, in the public methods DuckDB calls (`ls`, `mkdir`, `makedirs`): listing a prefix that holds nothing is an empty list (s3fs
 raises FileNotFoundError, which DuckDB reports as an error before a COPY), and
 "making a directory" never creates a bucket (s3fs would create a misspelled one).
 Listings are cached for the connection's life (one command; s3fs forgets a
@@ -29,6 +29,7 @@ import duckdb
 
 try:
     import s3fs
+    from fsspec.asyn import sync
     from botocore.exceptions import BotoCoreError, NoCredentialsError
 except ImportError as exc:  # the `s3` extra is not installed
     _MISSING: ImportError | None = exc
@@ -58,16 +59,18 @@ if _MISSING is None:
     class _S3(s3fs.S3FileSystem):
         """s3fs as DuckDB expects a filesystem to behave (see the module docstring)."""
 
-        async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+            """The public blocking `ls`, through fsspec's `sync` over the async API's `_ls` (as fsspec's own
+            wrapper does): s3fs's own code keeps its `_ls`, a missing prefix and all."""
             try:
-                return await super()._ls(path, detail=detail, **kwargs)
+                return sync(self.loop, self._ls, path, detail=detail, **kwargs)
             except FileNotFoundError:
                 return []
 
-        async def _mkdir(self, path: str, acl: Any = None, create_parents: bool = True, **kwargs: Any) -> None:
+        def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
             pass  # S3 has no directories; buckets are made by their owner, not by an export
 
-        async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        def makedirs(self, path: str, exist_ok: bool = False) -> None:
             pass
 
 

@@ -62,11 +62,13 @@ def span_json(span: Span, origin: float) -> dict[str, Any]:
             "request_id": span.request_id, "model": span.model, "calls": list(span.calls)}
 
 
-def render_sessions(found: list[Session], fmt: str) -> str:
+def render_sessions(found: list[Session], fmt: str, total: int | None = None) -> str:
+    """The sessions (`total`: how many the window has, when `found` are the newest of them)."""
     if fmt == "json":
         return dumps([session_json(s) for s in found])
     if not found:
-        return "no sessions in this window (sessions are made of generations: see `llmtap report --by session`)\n"
+        return ("no sessions in this window (sessions are made of generations: see `llmtap report --by session`;"
+                " --since all for every one)\n")
     first, second = [], []
     for s in found:
         t = s.totals
@@ -89,6 +91,9 @@ def render_sessions(found: list[Session], fmt: str) -> str:
         if s.slow:
             notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
     notes.append("Each instant once: the model (waiting for its first token, generating), tools, you, other.")
+    if total is not None and total > len(found):
+        notes.append(f"The newest {len(found)} of {total:,} sessions in this window: --limit N for more,"
+                     " --since for another window (all: every one).")
     return text + "\n".join(notes) + "\n"
 
 
@@ -140,20 +145,27 @@ def _totals_lines(t: Totals, s: Session) -> list[str]:
     return lines
 
 
-def render_tool_runs(groups: list[dict[str, Any]], fmt: str) -> str:
-    """`llmtap report --by tool_name`: each tool's run time across sessions (timeline.tool_names)."""
+def render_tool_runs(groups: list[dict[str, Any]], fmt: str, week: bool = False) -> str:
+    """`llmtap report --by tool_name`: each tool's run time across sessions (timeline.tool_names); `week`:
+    over the last week, the window when none is given."""
     if fmt == "json":
         return dumps({"by": "tool_name", "groups": [
             {k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in groups]})
     if not groups:
-        return "no tool runs in this window (tools are seen where a response asks for one)\n"
+        return ("no tool runs in this window (tools are seen where a response asks for one"
+                + ("; the last 7 days: --since all for every one" if week else "") + ")\n")
     points = ("p50_s", "p95_s", "p99_s", "max_s", "total_s")
-    rows = [[g["tool_name"] or "?", str(g["runs"]), str(g["open"]), *(fmt_s(g[p]) for p in points)] for g in groups]
-    text = layout(["tool", "runs", "open", "p50", "p95", "p99", "max", "total"], rows,
-                  [False, True, True, True, True, True, True, True],
-                  groups=["", "", "", "run time", "run time", "run time", "run time", ""], limit=WIDTH, shrinkable=[0])
-    return text + ("A call's run: from the response that asked for it to the request that brought its result."
-                   " Open: no result came.\n")
+    rows = [[g["tool_name"] or "?", str(g["runs"]), str(g["open"]), str(g["in_groups"]), *(fmt_s(g[p]) for p in points)]
+            for g in groups]
+    text = layout(["tool", "runs", "open", "grouped", "p50", "p95", "p99", "max", "total"], rows,
+                  [False, True, True, True, True, True, True, True, True],
+                  groups=["", "", "", "", "run time", "run time", "run time", "run time", ""], limit=WIDTH,
+                  shrinkable=[0])
+    return text + "\n".join([
+        "A call's run: from its block's end in the response to the request that brought its result; open: none came.",
+        "Calls asked for together (Bash+Read) count once, as their group; grouped: a tool's calls in groups",
+        "(the results come back together: the wire does not say when each call ended).",
+        *(["The last 7 days: --since for another window (all: every one)."] if week else [])]) + "\n"
 
 
 # The HTML report's sessions panel: each part's colour (the TTFT breakdown's palette, analysis/breakdown.py).

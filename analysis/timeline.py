@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_left, insort
+from heapq import heappop, heappush
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
-from analysis.filters import sql_string
+from analysis.filters import Filters, sql_string
+from analysis.timewindow import utc_now
 
 Query = Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]
 
 GAP_S = 30 * 60
+WEEK = timedelta(days=7)  # the window `sessions`, `session`, `errors`' slow sessions and tool runs look at unless told
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
 PEER_WINDOW_S = 3600.0  # its peers: the sessions on the same model within this of it
 # Each instant goes to the first of these that covers it.
@@ -60,37 +64,77 @@ e AS (
   FROM r),
 p AS (SELECT *, sum(split::INTEGER) OVER (PARTITION BY seen ORDER BY n ROWS UNBOUNDED PRECEDING) AS part FROM e)
 """
-# Those sessions (`ord`: by their start), how many, those {shown} picks and each request of those and
-# of the sessions within PEER_WINDOW_S of them (their peers for `flag_slow`).
-SESSIONS_SQL = GROUPED_SQL + """, s AS (
+# Those sessions (`ord`: by their start), each with its key and its first request's tool.
+KEYED_SQL = GROUPED_SQL + """, s AS (
   SELECT seen, part, coalesce(any_value(sid), '~' || left(arg_min(id, n), 12)) AS base, min(t0) AS start_s,
-    max(t0) AS last_s FROM p GROUP BY seen, part),
+    max(t0) AS last_s, arg_min_null(tool, n) AS first_tool FROM p GROUP BY seen, part),
 o AS (
-  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s,
+  SELECT base || CASE WHEN k > 1 THEN '/' || k ELSE '' END AS key, seen, part, start_s, last_s, first_tool,
     row_number() OVER (ORDER BY start_s, seen, part) AS ord, count(*) OVER () AS total
-  FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s)),
-o2 AS (SELECT *, {shown} AS shown FROM o),
-w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o2 WHERE shown),
-near AS (SELECT o2.* FROM o2, w WHERE shown OR (start_s <= high AND last_s >= low))
-SELECT {names}, key, ord, shown, total FROM p JOIN near USING (seen, part) ORDER BY n
+  FROM (SELECT *, row_number() OVER (PARTITION BY base ORDER BY seen, part) AS k FROM s))
 """
+# One pass over the sessions (the grouping costs the most), a row per session: for the sessions that {shown}
+# picks (a condition on a session's key, `ord` and the `total`), their requests; for those and the sessions
+# near enough to be their peers (all: {every}), per model what `flag_slow` takes of their successful
+# requests: the medians of their starts, TPOTs and TTFTs per input token (in its rows' order, so a
+# session's first cell is its first model's). A row per session keeps the answer within a query's caps.
+SESSIONS_SQL = KEYED_SQL + """, o2 AS (SELECT *, {shown} AS shown FROM o),
+w AS (SELECT min(start_s) - {window} AS low, max(last_s) + {window} AS high FROM o2 WHERE shown),
+o3 AS (SELECT o2.*, shown OR {every} OR (start_s <= high AND last_s >= low) AS near FROM o2, w),
+q AS (SELECT *, outcome = 'ok' AND request_model <> '' AS counted
+  FROM p JOIN (SELECT * FROM o3 WHERE near) USING (seen, part)),
+c AS (
+  SELECT key, ord, total, first_tool, request_model, bool_or(counted) AS counted, min(n) AS first,
+    list_sort(list(t0) FILTER (counted)) AS t0, list_sort(list(tpot_ms) FILTER (counted AND tpot_ms IS NOT NULL)) AS tpot,
+    list_sort(list(ttft_ms / input_tokens) FILTER (counted AND ttft_ms IS NOT NULL AND input_tokens <> 0)) AS ttft,
+    list(struct_pack(n, {names})) FILTER (shown) AS requests
+  FROM q GROUP BY key, ord, total, first_tool, shown, request_model),
+m AS (SELECT key, ord, total, first_tool, request_model, counted, first, {t0}, {tpot}, {ttft}, requests FROM c)
+SELECT key, any_value(total) AS total, any_value(first_tool) AS first_tool,
+  list(struct_pack(request_model, t0, tpot, ttft) ORDER BY first) FILTER (counted) AS cells,
+  flatten(list(requests) FILTER (requests IS NOT NULL)) AS requests
+FROM m GROUP BY key, ord ORDER BY ord
+"""
+
+
+def _median_sql(values: str) -> str:
+    """The median of a sorted list as `statistics.median` takes it (the two middle values' mean), in SQL."""
+    n = f"len({values})"
+    return (f"CASE WHEN {n} % 2 = 1 THEN {values}[{n} // 2 + 1]"
+            f" ELSE ({values}[{n} // 2] + {values}[{n} // 2 + 1]) / 2 END AS {values}")
+
+
 COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
 COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
            "outcome")
-# Each call of those requests and when its result came (the `tool_runs` view, analysis/views.py).
+# Each call of the requests in a stretch of time and when its result came (analysis/views.py's pairing).
 RUNS_SQL = """
-SELECT request_id, name, epoch(answered_at) AS answered FROM tool_runs
-WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where}) ORDER BY request_id, position
+SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended FROM ({runs})
+ORDER BY request_id, position
 """
+# `report --by tool_name`: a call alone in its response counts its own run under its name; the calls of a
+# parallel group count once, as the group (`Bash+Read`: from its first block's end to its last result), and
+# under their names as `in_groups` (the wire does not say when each one of them ended).
 TOOL_NAME_SQL = """
-SELECT name AS tool_name, count(run_ms) AS runs, count(*) - count(run_ms) AS open,
+WITH runs AS ({runs}),
+groups AS (
+  SELECT list(coalesce(name, '?') ORDER BY position) AS names,
+    CASE WHEN count(answered_at) = count(*) THEN (epoch_us(max(answered_at)) - epoch_us(min(ended_at))) / 1000.0
+    END AS run_ms
+  FROM runs WHERE calls > 1 GROUP BY request_id),
+timed AS (
+  SELECT name AS tool_name, CASE WHEN calls = 1 THEN run_ms END AS run_ms, calls = 1 AS timed FROM runs
+  UNION ALL SELECT array_to_string(list_filter(names, lambda x, i: list_position(names, x) = i), '+'), run_ms, true
+  FROM groups)
+SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms IS NULL) AS open,
+  count(*) FILTER (WHERE NOT timed) AS in_groups,
   quantile_cont(run_ms, 0.5) / 1000 AS p50_s, quantile_cont(run_ms, 0.95) / 1000 AS p95_s,
   quantile_cont(run_ms, 0.99) / 1000 AS p99_s, max(run_ms) / 1000 AS max_s, coalesce(sum(run_ms), 0) / 1000 AS total_s
-FROM tool_runs WHERE request_id IN (SELECT id FROM requests WHERE kind = 'generation' AND {where})
-GROUP BY name ORDER BY total_s DESC, name
+FROM timed GROUP BY tool_name ORDER BY total_s DESC, tool_name
 """
-Runs = dict[str, list[tuple[str | None, float | None]]]  # request id -> its calls' (name, when the result came)
+# request id -> its calls' (name, when the result came, when the call's block ended: None, the response's end)
+Runs = dict[str, list[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
@@ -147,20 +191,37 @@ class Session:
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
 
 
+def a_week(filters: Filters) -> Filters:
+    """`filters`, or the last WEEK when they set no window (the window a person means by "my sessions")."""
+    if filters.since is not None or filters.until is not None:
+        return filters
+    return replace(filters, since=utc_now() - WEEK)
+
+
+def latest(query: Query, where: str = "TRUE", count: int = 12, gap_s: float = GAP_S) -> list[Session]:
+    """The newest `count` sessions (no slow flags) among those of the last WEEK of the requests matching
+    `where`: the HTML report's panel, in a time bounded by a week's requests, however long the window."""
+    newest_at = query(f"SELECT CAST(max(started_at) AS VARCHAR) FROM requests WHERE kind = 'generation' AND ({where})")
+    if newest_at[2][0][0] is None:
+        return []
+    week = f"({where}) AND started_at >= {sql_string(newest_at[2][0][0])}::TIMESTAMPTZ - INTERVAL {WEEK.days} DAY"
+    return newest(query, week, gap_s, count, flags=False)[1]
+
+
 def sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """The sessions of the generations matching `where` (an SQL predicate on the `requests` view),
     oldest first, slow ones flagged. `query`: a Source's (columns, types, rows) query."""
     return newest(query, where, gap_s)[1]
 
 
-def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None
+def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int | None = None, flags: bool = True
            ) -> tuple[int, list[Session]]:
     """How many sessions `sessions` finds, and the newest `count` of them (all: None), oldest first:
-    the same sessions, spans and flags, the requests of those alone and of those near enough to be
-    their peers (`flag_slow`) read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
+    the same sessions, spans and flags (none looked for unless `flags`), the requests of those alone
+    read (a day of 20,000 sessions, listed a page at a time by the web UI)."""
     if count is not None and count <= 0:
         return int(query(COUNT_SQL.format(**_grouped(query, where, gap_s)[1]))[2][0][0]), []
-    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}")
+    return _picked(query, where, gap_s, "TRUE" if count is None else f"ord > total - {int(count)}", flags)
 
 
 def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
@@ -171,40 +232,78 @@ def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) 
                                         f" ELSE starts_with(key, {k}) END")[1]
 
 
-def _picked(query: Query, where: str, gap_s: float, shown_sql: str) -> tuple[int, list[Session]]:
-    """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks."""
+def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool = True) -> tuple[int, list[Session]]:
+    """The sessions that `shown_sql` (a condition on a session's key, `ord` and the `total`) picks: their
+    requests alone read and their timelines built; the slow flags from every session's cells."""
+    have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql, flags)
+    if not members:
+        return total, []
+    runs = _runs(query, have, where, [row for rows in members.values() for row in rows])
+    found = []
+    for key, rows in members.items():
+        session = timeline(rows, runs)
+        session.key = key
+        found.append(session)
+    found_flags = _flags(cells, {s.key for s in found}) if flags else {}
+    for session in found:
+        session.slow = found_flags.get(session.key)
+    return total, found
+
+
+def _sessions_pass(query: Query, where: str, gap_s: float, shown_sql: str, with_cells: bool = True
+                   ) -> tuple[set[str], int, Cells, list[tuple[str, str | None]], dict[str, list[dict[str, Any]]]]:
+    """SESSIONS_SQL: the columns the database has, how many sessions, their cells (`flag_slow`), those
+    that have one as (key, first request's tool), and the picked sessions' requests by key, oldest first
+    (without `with_cells`, no cells: their medians are not computed)."""
     have, grouped = _grouped(query, where, gap_s)
     names = ", ".join(c.split(" AS ")[-1] for c in COLUMNS)
-    out_columns, _, data = query(SESSIONS_SQL.format(**grouped, names=names, window=repr(PEER_WINDOW_S),
-                                                     shown=shown_sql))
-    members: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    keys, shown, total = {}, [], 0
-    for r in data:
-        row = dict(zip(out_columns, r))
-        ord_, total = row.pop("ord"), row.pop("total")
-        keys[ord_] = row.pop("key")
-        if row.pop("shown") and ord_ not in members:
-            shown.append(ord_)
-        members[ord_].append(row)
-    shown.sort()
-    if not shown:
-        return total, []
-    keyed = [(keys[o], members[o]) for o in sorted(members)]
+    cells: Cells = {}
+    keyed: dict[str, str | None] = {}
+    members: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    total = 0
+    medians = {name: _median_sql(name) if with_cells else f"NULL AS {name}" for name in ("t0", "tpot", "ttft")}
+    every = "TRUE" if shown_sql == "FALSE" else "FALSE"  # no session shown: every one's flag wanted
+    for key, sessions_in_all, tool, found, rows in query(SESSIONS_SQL.format(
+            **grouped, names=names, shown=shown_sql, window=repr(PEER_WINDOW_S), every=every, **medians))[2]:
+        total = sessions_in_all
+        for cell in (found or []) if with_cells else []:
+            cells[(key, cell["request_model"])] = (
+                cell["t0"], {m: v for m, v in zip(METRICS, (cell["tpot"], cell["ttft"])) if v is not None})
+            keyed.setdefault(key, tool)
+        if rows is not None:
+            members[key] = rows
+    for rows in members.values():
+        rows.sort(key=lambda r: r["n"])
+        for r in rows:
+            del r["n"]
+    return have, total, cells, list(keyed.items()), members
+
+
+def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) -> Runs:
+    """The tool calls of `rows` (generations matching `where`) and their runs: the calls of the stretch of
+    time the rows span read (analysis/views.py's pairing, results from the first row's start on)."""
     runs: Runs = defaultdict(list)
-    if "tool_calls" in have and "cost_usd" in have:  # the views, tool_runs among them
-        ids = where if shown_sql == "TRUE" else "id IN ({})".format(
-            ", ".join(sql_string(row["id"]) for o in shown for row in members[o]))
-        for request_id, name, answered in query(RUNS_SQL.format(where=ids))[2]:
-            runs[request_id].append((name, answered))
-    found = []
-    for o in shown:
-        session = timeline(members[o], runs)
-        session.key = keys[o]
-        found.append(session)
-    flags = _slow_flags(keyed, None if shown_sql == "TRUE" else {s.key for s in found})
-    for session in found:
-        session.slow = flags.get(session.key)
-    return total, found
+    if "tool_calls" not in have or "cost_usd" not in have:  # a bare table or an older database: no tool spans
+        return runs
+    from analysis.views import tool_runs_sql
+
+    low, high = min(r["t0"] for r in rows), max(r["t0"] for r in rows)
+    stretch = (f"kind = 'generation' AND ({where}) AND started_at >= to_timestamp({low!r}) - INTERVAL 1 SECOND"
+               f" AND started_at <= to_timestamp({high!r}) + INTERVAL 1 SECOND")
+    wanted = {r["id"] for r in rows}
+    for request_id, name, answered, ended in query(RUNS_SQL.format(runs=tool_runs_sql(
+            stretch, f"to_timestamp({low!r}) - INTERVAL 1 SECOND")))[2]:
+        if request_id in wanted:
+            runs[request_id].append((name, answered, ended))
+    return runs
+
+
+def slow_sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[dict[str, str | None]]:
+    """The sessions `flag_slow` flags among those of `where`, oldest first: (session key, its tool, why),
+    from their requests' medians alone (no timeline built: `llmtap errors`)."""
+    _, _, cells, keyed, _ = _sessions_pass(query, where, gap_s, "FALSE")
+    flags = _flags(cells)
+    return [{"session": key, "tool": tool, "why": flags[key]} for key, tool in keyed if key in flags]
 
 
 def _grouped(query: Query, where: str, gap_s: float) -> tuple[set[str], dict[str, str]]:
@@ -257,16 +356,19 @@ def _model_spans(rows: list[dict[str, Any]]) -> Iterable[Span]:
 
 
 def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
-    """From each response that asked for tools to the first later request carrying their results (the
-    last of them: the calls of one response share a span); open while one has not come."""
+    """From the end of the first call's block of each response that asked for tools to the first later
+    request carrying their results (the last of them: the calls of one response share a span); open
+    while one has not come."""
     for row in rows:
         calls = runs.get(row["id"])
         if not calls:
             continue
-        answered = [t for _, t in calls]
-        names = tuple(name or "?" for name, _ in calls)
-        end = None if None in answered else max(answered)  # type: ignore[type-var]
-        yield Span("tool", "+".join(dict.fromkeys(names)), _end(row), end, row["id"], row["request_model"], names)
+        answered = [call[1] for call in calls]
+        names = tuple(call[0] or "?" for call in calls)
+        ended = [call[2] for call in calls if len(call) > 2 and call[2] is not None]
+        end = None if None in answered else max(answered)
+        yield Span("tool", "+".join(dict.fromkeys(names)), min(ended, default=_end(row)), end, row["id"],
+                   row["request_model"], names)
 
 
 def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
@@ -286,25 +388,41 @@ def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> lis
 
 
 def totals(spans: list[Span], start: float, end: float) -> Totals:
-    """Each instant from `start` to `end` to the first part of PRIORITY that covers it."""
+    """Each instant from `start` to `end` to the first part of PRIORITY that covers it (of tools, the one
+    that started first). One sweep over the spans' edges: a span enters at its start, and leaves a heap
+    (by its end; tools' by their start) once it has ended, so a session of thousands of requests takes
+    milliseconds, not minutes."""
     edges = sorted({start, end, *(s.start_s for s in spans), *(s.end_s for s in spans if s.end_s is not None)})
-    closed = [s for s in spans if s.end_s is not None]
+    closed = sorted(((s.start_s, i, s) for i, s in enumerate(s for s in spans if s.end_s is not None)),
+                    key=lambda e: (e[0], e[1]))
     out = Totals(wall_s=end - start)
     tools: dict[str, float] = defaultdict(float)
+    active: dict[str, list[tuple[float, int, Span]]] = {"generating": [], "wait": [], "tool": [], "you": []}
+    entered = 0
     for a, b in zip(edges, edges[1:]):
+        while entered < len(closed) and closed[entered][0] <= a:
+            _, i, span = closed[entered]
+            order = span.start_s if span.kind == "tool" else (span.end_s or 0.0)
+            heappush(active["tool" if span.kind == "tool" else span.part], (order, i, span))
+            entered += 1
         if b <= start or a >= end:
             continue
-        active = [s for s in closed if s.start_s <= a and s.end_s >= b]  # type: ignore[operator]
-        if not active:
+        top = None
+        for part in PRIORITY:
+            heap = active[part]
+            while heap and heap[0][2].end_s < b:  # type: ignore[operator]  # ended: never active again
+                heappop(heap)
+            if heap:
+                top = part
+                break
+        if top is None:
             out.other_s += b - a
-            continue
-        top = min(active, key=lambda s: (PRIORITY.index(s.part) if s.kind != "tool" else 2, s.start_s))
-        if top.part == "generating":
+        elif top == "generating":
             out.generating_s += b - a
-        elif top.part == "wait":
+        elif top == "wait":
             out.wait_s += b - a
-        elif top.kind == "tool":
-            tools[top.part] += b - a
+        elif top == "tool":
+            tools[active["tool"][0][2].part] += b - a
         else:
             out.you_s += b - a
     out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
@@ -312,11 +430,19 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
 
 
 def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
-    """`llmtap report --by tool_name`: each tool's runs (a call's: from the response that asked for it to
-    the request that brought its result), their count, those never answered, percentiles and total."""
+    """`llmtap report --by tool_name`: each tool's runs (a call alone in its response: from its block's end
+    to the request that brought its result; a parallel group's: once, by the group's name), their count,
+    those never answered, the calls counted in groups, percentiles and total (TOOL_NAME_SQL)."""
     if "tool_calls" not in query("SELECT * FROM requests LIMIT 0")[0]:
         return []
-    columns, _, data = query(TOOL_NAME_SQL.format(where=where))
+    from analysis.views import tool_runs_sql
+
+    calls = f"kind = 'generation' AND ({where})"
+    low = query(f"SELECT CAST(min(started_at) AS VARCHAR) FROM requests WHERE tool_calls IS NOT NULL AND {calls}")[2][0][0]
+    if low is None:
+        return []
+    first = f"{sql_string(low)}::TIMESTAMPTZ - INTERVAL 1 MILLISECOND"
+    columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_runs_sql(calls, first)))
     return [dict(zip(columns, r)) for r in data]
 
 
@@ -329,29 +455,29 @@ def flag_slow(found: list[Session], rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if row["id"] in of:
             members[of[row["id"]]].append(row)
-    flags = _slow_flags(list(members.items()))
+    flags = _flags(_cells(list(members.items())))
     for s in found:
         if s.slow is None:
             s.slow = flags.get(s.key)
 
 
-def _slow_flags(groups: list[tuple[str, list[dict[str, Any]]]], wanted: set[str] | None = None) -> dict[str, str]:
-    """`flag_slow`'s findings by session key, for sessions given as (key, their rows in time order);
-    for the sessions `wanted` alone (None: all), the medians of those near them alone computed (a
-    cell's time is the median of its rows' starts, within its session's first and last)."""
+# (session key, model) -> the median of its successful requests' starts, and of each of its METRICS
+Cells = dict[tuple[str, str], tuple[float, dict[str, float]]]
+
+
+def _flags(cells: Cells, wanted: set[str] | None = None) -> dict[str, str]:
+    """`flag_slow`'s findings by session key, from the sessions' cells (a session's first finding, in
+    its rows' order, is the one it shows); for the sessions `wanted` alone (None: all), the peers of
+    those alone looked at (the cells within PEER_WINDOW_S of theirs)."""
     if wanted is not None:
-        mine = _cells([g for g in groups if g[0] in wanted])
-        starts = [statistics.median(c["t0"]) for c in mine.values()]
-        low, high = min(starts, default=0.0) - PEER_WINDOW_S, max(starts, default=0.0) + PEER_WINDOW_S
-        groups = [g for g in groups if g[0] not in wanted and g[1][0]["t0"] <= high and g[1][-1]["t0"] >= low]
-        cells = {**mine, **_cells(groups)}
-    else:
-        cells = _cells(groups)
-    at = {k: statistics.median(c["t0"]) for k, c in cells.items()}
-    medians = {k: {m: statistics.median(c[m]) for m in METRICS if c[m]} for k, c in cells.items()}
+        mine = [c[0] for k, c in cells.items() if k[0] in wanted]
+        low, high = min(mine, default=0.0) - PEER_WINDOW_S, max(mine, default=0.0) + PEER_WINDOW_S
+        cells = {k: c for k, c in cells.items() if low <= c[0] <= high}
+    at = {k: c[0] for k, c in cells.items()}
+    medians = {k: c[1] for k, c in cells.items()}
     typical = _peer_medians(medians, at)
     flags: dict[str, str] = {}
-    for place in cells:  # a session's first finding (in its rows' order) is the one it shows
+    for place in cells:
         key, model = place
         if wanted is not None and key not in wanted:
             continue
@@ -367,20 +493,22 @@ def _slow_flags(groups: list[tuple[str, list[dict[str, Any]]]], wanted: set[str]
     return flags
 
 
-def _cells(groups: list[tuple[str, list[dict[str, Any]]]]) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """(session key, model) -> the starts, TPOTs and TTFTs per input token of its successful requests."""
-    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def _cells(groups: list[tuple[str, list[dict[str, Any]]]]) -> Cells:
+    """(session key, model) -> the medians of the starts, TPOTs and TTFTs per input token of its successful
+    requests, for sessions given as (key, their rows in time order)."""
+    lists: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for key, rows in groups:
         for row in rows:
             if row["outcome"] != "ok" or not row["request_model"]:
                 continue
-            cell = cells[(key, row["request_model"])]
+            cell = lists[(key, row["request_model"])]
             cell["t0"].append(row["t0"])
             if row["tpot_ms"] is not None:
                 cell["TPOT"].append(row["tpot_ms"])
             if row["ttft_ms"] is not None and row["input_tokens"]:
                 cell["TTFT per input token"].append(row["ttft_ms"] / row["input_tokens"])
-    return cells
+    return {k: (statistics.median(c["t0"]), {m: statistics.median(c[m]) for m in METRICS if c[m]})
+            for k, c in lists.items()}
 
 
 METRICS = ("TPOT", "TTFT per input token")

@@ -15,8 +15,8 @@ are replaced each time, so calling it twice is harmless):
   - `billing`: 'subscription' for a Claude or ChatGPT login (its cost is a
     list-price equivalent, not money spent), else 'api'
 - `errors`: the rows of `requests` whose outcome is not 'ok'.
-- `tool_runs`: one row per tool call a response asked for, with its run: from the response's end
-  to the request that brought its result (`run_ms`; NULL when none came), for `llmtap sessions`.
+- `tool_runs`: one row per tool call a response asked for, with its run: from its block's end to
+  the request that brought its result (`run_ms`; NULL when none came), for `llmtap sessions`.
 - `hourly`, `daily`: one row per UTC hour / day with `ROLLUP_METRICS`, over
   generations (`kind = 'generation'`: token counts, probes, model lists and
   prewarms take a few milliseconds and would pull the percentiles down).
@@ -67,11 +67,9 @@ def _rollup_terms() -> list[str]:
         "count(*) FILTER (WHERE error) AS errors",
         "100.0 * count(*) FILTER (WHERE error) / count(*) AS error_pct",
     ]
-    for name, column, points, condition in _PERCENTILES:
-        terms += [
-            f"quantile_cont({column}, {p / 100}) FILTER (WHERE {condition}) AS {name}_p{p}_ms"
-            for p in points
-        ]
+    for name, column, points, condition in _PERCENTILES:  # one state per column (the same aggregate, once)
+        every = f"(quantile_cont({column}, [{', '.join(str(p / 100) for p in points)}]) FILTER (WHERE {condition}))"
+        terms += [f"{every}[{i}] AS {name}_p{p}_ms" for i, p in enumerate(points, 1)]
     terms += [
         "quantile_cont(output_tokens_per_s, 0.5) FILTER (WHERE NOT error) AS output_tokens_per_s_p50",
         "CAST(sum(input_tokens) AS BIGINT) AS input_tokens",
@@ -92,30 +90,76 @@ ROLLUP_METRICS: tuple[str, ...] = tuple(term.rsplit(" AS ", 1)[1] for term in RO
 ROLLUP_SQL = ",\n  ".join(ROLLUP_TERMS)
 
 
-# Each tool call a response asked for, and its run: from the response's end to the arrival of the first
-# later request that carries its result (by call id; a call without one, as Gemini's may be, by name
-# within its session). analysis/timeline.py builds the sessions' tool spans from it.
-TOOL_RUNS_SQL = """
-CREATE OR REPLACE TEMP VIEW tool_runs AS
+# A session's key for pairing calls with results: its session id, else its tool and key (as timeline.py groups).
+SESSION_KEY_SQL = ("coalesce('s:' || nullif(session_id, ''),"
+                   " 'k:' || coalesce(tool, '') || chr(10) || coalesce(key_fingerprint, ''))")
+
+
+def tool_runs_sql(where: str = "TRUE", results_from: str | None = None) -> str:
+    """Each tool call a response asked for (of the requests matching `where`) and its run, a SELECT:
+
+    - `request_id`, `session_id`, `session_key` (SESSION_KEY_SQL), `tool`, `position` (1 for the first),
+      `calls` (how many the response asked for together), `call_id`, `name`;
+    - `asked_at`: the response's end; `ended_at`: the call's own block's end (`tool_calls.ended_ms`, else
+      the response's end); `answered_at` and `result_request_id`: the first request at or after the
+      response's end (less 1 ms) whose `tool_results` carry the result; `run_ms`: `ended_at` to
+      `answered_at` (NULL: no result came). For a call in a group (`calls` > 1) that is the most it ran:
+      the results come back together, the wire does not say when each one ended.
+
+    A result pairs with its call by call id within the session. The calls left and the results whose id
+    is none of the session's calls' (Gemini CLI makes one up for a `functionCall` without an id) pair by
+    name and order: each such result answers the session's latest response before it that asked for a
+    call of that name, its k-th result of the name the response's k-th unanswered call of it. Both are
+    as-of joins on equality keys (sort-merge, no quadratic step). Results are read from the requests
+    since `results_from` (an SQL timestamp; None: all), which should be at most the first call's start."""
+    since = "" if results_from is None else f" AND started_at >= {results_from}"
+    return f"""
 WITH calls AS (
-  SELECT id AS request_id, session_id, tool, key_fingerprint,
-    started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS asked_at,
-    generate_subscripts(tool_calls, 1) AS position, unnest(tool_calls) AS c
-  FROM requests WHERE tool_calls IS NOT NULL
+  SELECT request_id, session_id, session_key, tool, position, calls, c.id AS call_id, c.name AS name, asked_at,
+    CASE WHEN c.ended_ms IS NULL THEN asked_at
+      ELSE started_at + to_microseconds(CAST(round(c.ended_ms * 1000) AS BIGINT)) END AS ended_at
+  FROM (SELECT id AS request_id, session_id, {SESSION_KEY_SQL} AS session_key, tool, started_at,
+      started_at + to_microseconds(CAST(round(coalesce(e2e_ms, 0) * 1000) AS BIGINT)) AS asked_at,
+      len(tool_calls) AS calls, generate_subscripts(tool_calls, 1) AS position, unnest(tool_calls) AS c
+    FROM requests WHERE tool_calls IS NOT NULL AND ({where}))
 ), results AS (
-  SELECT id AS result_request_id, session_id, tool, key_fingerprint, started_at AS answered_at,
-    unnest(tool_results) AS r
-  FROM requests WHERE tool_results IS NOT NULL
+  SELECT result_request_id, session_key, answered_at, slot, r.id AS result_id, r.name AS name
+  FROM (SELECT id AS result_request_id, {SESSION_KEY_SQL} AS session_key, started_at AS answered_at,
+      generate_subscripts(tool_results, 1) AS slot, unnest(tool_results) AS r
+    FROM requests WHERE tool_results IS NOT NULL{since})
+), by_id AS (
+  SELECT c.request_id, c.position, r.answered_at, r.result_request_id
+  FROM (SELECT *, asked_at - INTERVAL 1 MILLISECOND AS after FROM calls WHERE call_id IS NOT NULL) c
+  ASOF JOIN results r ON c.session_key = r.session_key AND c.call_id = r.result_id AND r.answered_at >= c.after
+), unanswered AS (
+  SELECT c.* FROM calls c ANTI JOIN by_id b ON c.request_id = b.request_id AND c.position = b.position
+  WHERE c.name IS NOT NULL
+), asking AS (
+  SELECT DISTINCT session_key, name, request_id, asked_at - INTERVAL 1 MILLISECOND AS after FROM unanswered
+), loose AS (
+  SELECT r.* FROM results r ANTI JOIN calls c ON r.session_key = c.session_key AND r.result_id = c.call_id
+  WHERE r.name IS NOT NULL
+), placed AS (
+  SELECT l.*, a.request_id, row_number() OVER (PARTITION BY a.request_id, l.name
+    ORDER BY l.answered_at, l.result_request_id, l.slot) AS k
+  FROM loose l ASOF JOIN asking a ON l.session_key = a.session_key AND l.name = a.name AND l.answered_at >= a.after
+), by_name AS (
+  SELECT u.request_id, u.position, p.answered_at, p.result_request_id
+  FROM (SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM unanswered) u
+  JOIN placed p ON u.request_id = p.request_id AND u.name = p.name AND u.k = p.k
 )
-SELECT calls.request_id, calls.session_id, calls.tool, calls.position, c.id AS call_id, c.name AS name,
-  calls.asked_at, min(answered_at) AS answered_at, arg_min(result_request_id, answered_at) AS result_request_id,
-  (epoch_us(min(answered_at)) - epoch_us(calls.asked_at)) / 1000.0 AS run_ms
-FROM calls LEFT JOIN results ON answered_at >= calls.asked_at - INTERVAL 1 MILLISECOND AND (
-  r.id = c.id OR (c.id IS NULL AND r.id IS NULL AND r.name = c.name
-    AND results.session_id IS NOT DISTINCT FROM calls.session_id AND results.tool IS NOT DISTINCT FROM calls.tool
-    AND results.key_fingerprint IS NOT DISTINCT FROM calls.key_fingerprint))
-GROUP BY 1, 2, 3, 4, 5, 6, 7;
-"""
+SELECT c.request_id, c.session_id, c.session_key, c.tool, c.position, c.calls, c.call_id, c.name, c.asked_at,
+  c.ended_at, coalesce(i.answered_at, n.answered_at) AS answered_at,
+  coalesce(i.result_request_id, n.result_request_id) AS result_request_id,
+  (epoch_us(coalesce(i.answered_at, n.answered_at)) - epoch_us(c.ended_at)) / 1000.0 AS run_ms
+FROM calls c
+LEFT JOIN by_id i ON c.request_id = i.request_id AND c.position = i.position
+LEFT JOIN by_name n ON c.request_id = n.request_id AND c.position = n.position"""
+
+
+# `tool_runs`: every call and its run (tool_runs_sql); analysis/timeline.py builds the sessions' tool spans
+# with the same pairing over the window asked for.
+TOOL_RUNS_SQL = f"CREATE OR REPLACE TEMP VIEW tool_runs AS {tool_runs_sql()};\n"
 
 
 def _table(catalog: str) -> str:

@@ -84,7 +84,7 @@ def failure_case(field: int, ok_value: str | int | None) -> str:
     return f"CASE {arms} ELSE {sql_literal(ok_value)} END"
 
 
-def requests_sql(count: int) -> str:
+def requests_sql(count: int, days: int = DAYS) -> str:
     normal = "sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())"  # Box-Muller
     tools = "[" + ", ".join(f"'{t}'" for t in TOOLS) + "]"
     return f"""
@@ -105,7 +105,7 @@ def requests_sql(count: int) -> str:
         FROM sized
     )
     SELECT md5(i::VARCHAR) AS id,
-        now() - to_seconds(u_time * {DAYS * 86400}) AS started_at,
+        now() - to_seconds(u_time * {days * 86400}) AS started_at,
         '/' AS route, 'api.example.test' AS upstream_host, 'POST' AS method, '/v1/messages' AS path,
         'generation' AS kind,  -- as the proxy records it (m003); a NULL kind is derived from the path per query
         dialect, {tools}[1 + i % {len(TOOLS)}] AS tool, 'sdk/1.0' AS user_agent,
@@ -153,14 +153,16 @@ FROM (SELECT r.id, c.n FROM requests r LEFT JOIN (SELECT request_id, count(*) AS
 WHERE requests.id = c.id"""
 
 
-def build(path: Path, requests: int, chunks: int) -> float:
+def build(path: Path, requests: int, chunks: int, days: int = DAYS, memory_limit: str | None = None) -> float:
     started = time.perf_counter()
     con = duckdb.connect(str(path))
     try:
+        if memory_limit:  # a shared machine's other work needs its memory
+            con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute(create_tables_sql())
         con.execute("SELECT setseed(0.42)")
         con.execute(models_sql())
-        con.execute(requests_sql(requests))
+        con.execute(requests_sql(requests, days))
         con.execute(chunks_sql(chunks))
         con.execute(EVENTS_SQL)
         con.execute("CHECKPOINT")

@@ -141,7 +141,6 @@ def _pair(spec: str, option: str) -> tuple[str, str]:
 @click.option("--otel-endpoint", help="Send spans and GenAI metrics to this OTLP/HTTP collector (needs llmtap[otel]).")
 @click.option("--otel-headers", metavar="K=V,...", help="Headers for the OTLP exporter, e.g. Authorization=Bearer%20xyz.")
 @click.option("--otel-service-name", help="service.name of the exported telemetry (default llmtap).")
-@click.option("--metrics-names", type=click.Choice(["current", "legacy"]), help="GenAI metric names of /_llmtap/metrics and OTLP: current (the GenAI conventions' latest; default) or legacy (v1.41.0's, for existing dashboards, for one release).")
 @click.option("--update-prices", is_flag=True, default=None, help="Fetch genai-prices' latest price data hourly (network; default off: the package's own data).")
 @click.option("--upstream-key-env", metavar="VAR", help="Replace the client's credential on the default route with the key in $VAR.")
 @click.option("--route-key-env", "route_key_specs", multiple=True, metavar="PREFIX=VAR", help="The same for one route prefix. Repeatable.")

@@ -5,11 +5,13 @@ warning line per crossing of the 5-hour window or the daily budget, not one per 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from proxy.cli import main
@@ -17,7 +19,7 @@ from proxy.common import prices
 from tests.serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.simulator.config import SimConfig
-from proxy.settings import config as cfg
+from proxy.settings import alerts, config as cfg
 
 from .conftest import proxy_config
 from .test_ratelimits import API_KEY, CLAUDE_LOGIN
@@ -50,11 +52,12 @@ async def test_serve_warns_once_per_crossing_and_check_says_why(tmp_path: Path, 
         await _traffic(p, API_KEY, 5)  # $0.10 and more each: over $0.25 at the third
         assert p.flush(10)
         db = str(p.config.db_path)
-    window = [line for line in lines if "5-hour window" in line]
+    window = [line for line in lines if "window_5h_utilization" in line]
     budget = [line for line in lines if "daily_budget_usd" in line]
-    assert len(window) == 1 and "over the 50% of [alerts] window_5h_utilization; it resets at " in window[0], lines
-    assert window[0].startswith("llmtap: warning: k:") and " at 127.0.0.1 has used " in window[0]
-    assert len(budget) == 1 and "over the $0.25 of [alerts] daily_budget_usd" in budget[0], lines
+    assert len(window) == 1 and window[0].startswith("llmtap: warning: [alerts] window_5h_utilization: 5h window "), lines
+    assert " over 50.0 % (k:" in window[0] and " at 127.0.0.1; it resets at " in window[0]
+    assert len(budget) == 1 and budget[0].startswith("llmtap: warning: [alerts] daily_budget_usd: spend 20"), lines
+    assert budget[0].endswith(" over $0.25 (since serve started)"), lines
 
     config = tmp_path / "config.toml"
     config.write_text('[prices."acme-9"]\ninput = 1000.0\noutput = 5000.0\n\n'
@@ -89,3 +92,26 @@ def test_check_needs_a_threshold_and_refuses_a_bad_one(tmp_path: Path, monkeypat
         cfg.build(bad, {})
     result = CliRunner().invoke(main, ["check", "--config", str(bad)])
     assert result.exit_code == 1 and "alerts.error_rate is a fraction of 1" in result.output
+
+
+# [alerts] key -> the Prometheus rule of deploy/alerts.yml that watches the same condition, and the factor
+# from the rule's unit to the key's (the rule's TTFT is in seconds)
+RULES = {"ttft_p95_ms": ("LlmtapTTFTHigh", 1000.0), "error_rate": ("LlmtapErrorRate", 1.0),
+         "window_5h_utilization": ("LlmtapWindow5h", 1.0), "daily_budget_usd": ("LlmtapDailySpend", 1.0)}
+
+
+def test_the_prometheus_rules_judge_as_check_does() -> None:
+    """deploy/alerts.yml, the Prometheus face of [alerts]: a rule per key, crossing on `>` its threshold as
+    `judge` does; its thresholds are valid [alerts] values, and `judge` says the same of values around them."""
+    doc = yaml.safe_load((Path(__file__).parent.parent / "deploy/alerts.yml").read_text())
+    exprs = {rule["alert"]: rule["expr"] for group in doc["groups"] for rule in group["rules"] if "alert" in rule}
+    assert set(RULES) == set(alerts.KEYS)
+    table = {}
+    for key, (alert, factor) in RULES.items():
+        found = re.search(r"\)?\s*(>=|>|<=|<)\s*([\d.]+)(?:\s|$)", exprs[alert])
+        assert found and found.group(1) == ">", (alert, exprs[alert])
+        table[key] = float(found.group(2)) * factor
+    limits = alerts.check_alerts(table)
+    for key, threshold in table.items():
+        assert not alerts.judge(limits, key, threshold).crossed
+        assert alerts.judge(limits, key, threshold * 1.001).crossed

@@ -5,7 +5,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.meter.clients import tool_from_headers
+from proxy.meter.clients import Client, client_from_headers, client_of, tool_from_headers
 from proxy.meter.fingerprint import key_fingerprint
 
 
@@ -81,3 +81,40 @@ def test_no_credential():
     assert key_fingerprint({}) is None
     assert key_fingerprint({"Authorization": ""}, {"alt": "sse"}) is None
     assert key_fingerprint({"x-api-key": "  "}, None) is None
+
+
+# --- the agents of #41, with the exact User-Agents they sent (shared/reference/real-clis.md) ---------------
+
+@pytest.mark.parametrize(("headers", "client"), [
+    ({"User-Agent": "GeminiCLI-tui/0.61.0/gemini-2.5-pro (linux; x64; terminal)",
+      "x-goog-api-client": "google-genai-sdk/1.30.0 gl-node/v20.20.2"},
+     Client("gemini-cli", "0.61.0", "tui", "gemini-2.5-pro")),
+    ({"User-Agent": "GeminiCLI/0.1.5 (linux; x64)"}, Client("gemini-cli", "0.1.5")),
+    # its own token before the AI SDK's (the same UA over its OpenAI-compatible and Anthropic providers)
+    ({"User-Agent": "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14",
+      "x-session-id": "ses_dba524c95ffeupiIiByDVPCpkB"}, Client("opencode", "1.18.33")),
+    ({"User-Agent": "QwenCode/0.24.4 (linux; x64)", "x-stainless-lang": "js"}, Client("qwen-code", "0.24.4")),
+    ({"User-Agent": "claude-cli/2.1.197 (external, sdk-cli)"}, Client("claude-code", "2.1.197")),
+    ({"user-agent": "codex_exec/0.171.0 (Debian 12.0.0; x86_64) dumb (unknown)", "originator": "codex_exec"},
+     Client("codex", "0.171.0")),
+    ({"User-Agent": "OpenAI/Python 2.20.0"}, Client("openai-python", "2.20.0")),
+    # aider through OpenRouter: litellm sends the title and referer aider sets
+    ({"User-Agent": "OpenAI/Python 2.20.0", "X-Title": "Aider", "HTTP-Referer": "https://aider.chat"}, Client("aider")),
+])
+def test_agents_and_their_versions(headers, client):
+    assert client_from_headers(headers) == client
+
+
+AIDER_SYSTEM = "Act as an expert software developer.\nTake requests for changes to the supplied code."
+
+
+@pytest.mark.parametrize(("ua", "body", "tool"), [
+    ("OpenAI/Python 2.20.0", {"messages": [{"role": "system", "content": AIDER_SYSTEM}]}, "aider"),
+    ("python-httpx/0.28.1", {"system": [{"type": "text", "text": AIDER_SYSTEM}]}, "aider"),
+    ("OpenAI/Python 2.20.0", {"messages": [{"role": "system", "content": "You are helpful."}]}, "openai-python"),
+    ("OpenAI/Python 2.20.0", {"messages": [{"role": "user", "content": AIDER_SYSTEM}]}, "openai-python"),
+    # a product that names itself keeps its name whatever its prompt
+    ("QwenCode/0.24.4 (linux; x64)", {"messages": [{"role": "system", "content": AIDER_SYSTEM}]}, "qwen-code"),
+])
+def test_aider_is_known_by_its_system_prompt(ua, body, tool):
+    assert client_of({"User-Agent": ua}, body).tool == tool

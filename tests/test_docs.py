@@ -60,6 +60,11 @@ def test_every_bodies_column_has_a_row() -> None:
                  "no row under docs/columns.md `bodies`")
 
 
+def test_every_agent_events_column_has_a_row() -> None:
+    none_missing(missing_rows("`agent_events`", tuple(name for name, _ in schema.AGENT_EVENT_COLUMNS)),
+                 "no row under docs/columns.md `agent_events`")
+
+
 def test_every_derived_column_and_rollup_metric_has_a_row() -> None:
     none_missing(missing_rows("The views", (*views.DERIVED_COLUMNS, *views.ROLLUP_METRICS)),
                  "no row under docs/columns.md 'The views'")

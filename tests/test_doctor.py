@@ -66,7 +66,7 @@ OK    OPENAI_API_KEY (7 chars, {key_fingerprint({"x-api-key": "sk-test"})}): wel
 OK    ANTHROPIC_BASE_URL=http://127.0.0.1:{port}: goes through the running llmtap serve
 OK    OPENAI_BASE_URL=http://127.0.0.1:{port}/v1: goes through the running llmtap serve
 OK    llmtap serve: running at http://127.0.0.1:{port} (pid {pid}), recording to {db}
-OK    fast paths: body_pipe, arrival, headers_later, conn_timing on in the running llmtap serve (aiohttp {aiohttp.__version__})
+OK    fast paths: body_pipe, arrival, headers_later, conn_timing, kernel_stamps on in the running llmtap serve (aiohttp {aiohttp.__version__})
 OK    port {port} on 127.0.0.1: used by the running llmtap serve
 OK    database {db}: held by the running llmtap serve (pid {pid}); llmtap sql/report query it through it
 OK    upstream http://127.0.0.1:{sim_port}: TCP: connected to 127.0.0.1:{sim_port}
@@ -143,3 +143,24 @@ async def test_proxy_variable_pointing_at_llmtap_and_a_stale_state_file(sim: Sim
     assert f"WARN  llmtap serve: {paths.state_dir() / f'{proxy.port}.json'} names pid {os.getpid()} on port {proxy.port}, but no llmtap " \
            "answers there" in out
     assert code == 0, out
+
+
+async def test_the_agents_settings_files_are_checked(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / ".env").write_text("GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787/v1beta\n")
+    (home / ".qwen").mkdir()
+    (home / ".qwen" / ".env").write_text("export OPENAI_BASE_URL='http://127.0.0.1:8787'\n")
+    (home / ".config" / "opencode").mkdir(parents=True)
+    (home / ".config" / "opencode" / "opencode.json").write_text(
+        json.dumps({"provider": {"anthropic": {"options": {"baseURL": "http://127.0.0.1:8787/v1/messages"}}}}))
+    (home / ".aider.conf.yml").write_text('openai-api-base: "https://api.example.com/v1"\n')
+    env = {k: v for k, v in clean_env(home).items() if k != "XDG_CONFIG_HOME"}
+    code, out, err = await llmtap("doctor", "--port", str(closed_port()), "--db", str(tmp_path / "d.duckdb"), env=env)
+    assert code == 1, err
+    assert f"FAIL  {home}/.gemini/.env GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787/v1beta: ends in /v1beta" in out
+    assert f"FAIL  {home}/.gemini/settings.json security.auth.selectedType: not set: Gemini CLI exits 41" in out
+    assert f"FAIL  {home}/.qwen/.env OPENAI_BASE_URL=http://127.0.0.1:8787: lacks /v1" in out
+    assert (f"FAIL  {home}/.config/opencode/opencode.json provider.anthropic.options.baseURL="
+            "http://127.0.0.1:8787/v1/messages: is a full endpoint") in out
+    assert f"WARN  {home}/.aider.conf.yml openai-api-base=https://api.example.com/v1: goes to api.example.com" in out

@@ -243,10 +243,6 @@ def test_errors_table(db: Path) -> None:
     assert max(len(line) for line in output.splitlines()) <= 80
 
 
-def test_report_errors_is_the_same(db: Path) -> None:
-    assert run("report", "--errors", "--db", str(db)) == ERRORS
-
-
 def test_errors_csv_with_filters(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tool", "codex", "--format", "csv") == """\
 outcome,status,error_type,count,tool,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,methods,causes

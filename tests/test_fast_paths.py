@@ -4,6 +4,11 @@ with LLMTAP_FAST_PATHS=off, the public path relays the same bytes and leaves the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -12,12 +17,13 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from proxy.relay import body_pipe, fast_paths, rx_stamp
+from proxy.relay import body_pipe, fast_paths
 from proxy.settings.config import ConfigError
 from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
 from .faultkit import SSE, RawConn, RawUpstream, chunk, http_head
+from .waiting import START_S, wait_until
 
 CHAT = "/v1/chat/completions"
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i for i in range(40)] + [b"data: [DONE]\n\n"]
@@ -146,7 +152,7 @@ async def test_by_default_the_body_pipe_relays_and_health_says_so(tmp_path: Path
     assert piped == 1
     assert body == b"".join(EVENTS) and row["outcome"] == "ok"
     assert health == {"aiohttp": aiohttp.__version__, "on": list(fast_paths.NAMES), "off": {},
-                      "kernel_stamps": rx_stamp.AVAILABLE}
+                      "kernel_stamps": ["arrival", "upstream", "tls_flight"]}
 
 
 async def test_health_names_the_one_path_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +171,7 @@ async def test_doctor_says_which_paths_are_off_and_why(tmp_path: Path) -> None:
     env = {**clean_env(tmp_path), fast_paths.ENV: "off:body_pipe"}
     code, out, err = await llmtap("doctor", "--upstream", "http://127.0.0.1:9", env=env)
     line = next(line for line in out.splitlines() if " fast paths: " in line)
-    assert line == (f"OK    fast paths: arrival, headers_later, conn_timing on in llmtap serve here (aiohttp "
+    assert line == (f"OK    fast paths: arrival, headers_later, conn_timing, kernel_stamps on in llmtap serve here (aiohttp "
                     f"{aiohttp.__version__}); off, the public path runs (slower, as correct): body_pipe: turned off "
                     "(LLMTAP_FAST_PATHS)") or not TESTED
 
@@ -185,9 +191,80 @@ def test_the_package_bound_and_the_probes_agree() -> None:
 def test_serve_names_a_path_the_probe_refused() -> None:
     assert fast_paths.FastPaths("3.14.5").refusal_note() is None
     assert fast_paths.FastPaths("3.14.5", {"arrival": "turned off (LLMTAP_FAST_PATHS)"}).refusal_note() is None
+    assert fast_paths.FastPaths("3.14.5", {"kernel_stamps": "not Linux: no SO_TIMESTAMPNS (this system)"}).refusal_note() is None
     refused = {n: "aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on"
                for n in fast_paths.NAMES}
     assert fast_paths.FastPaths("3.15.0", refused).refusal_note() == (
-        "llmtap: aiohttp 3.15.0: body_pipe, arrival, headers_later, conn_timing on the public path (slower, as "
+        "llmtap: aiohttp 3.15.0: body_pipe, arrival, headers_later, conn_timing, kernel_stamps on the public path (slower, as "
         "correct): aiohttp 3.15.0 is newer than 3.14.5, the last release these internals were tested on "
         "(llmtap doctor says more)")
+
+
+def sockets_open_twice() -> set[str]:
+    """The sockets this process holds under two descriptors or more: the duplicates kernel_timing.py
+    reads a connection by, behind the loop's back."""
+    seen: Counter[str] = Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if (link := os.readlink(f"/proc/self/fd/{fd}")).startswith("socket:"):
+                seen[link] += 1
+    return {link for link, n in seen.items() if n > 1}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
+@pytest.mark.parametrize("switch", ["off", "off:kernel_stamps", "on"])
+async def test_off_no_connection_is_read_behind_the_loops_back(switch: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a request waits for its upstream's headers, with kernel stamps off, no socket of the
+    proxy has a second descriptor (by default both legs have one: the check can see them)."""
+    if switch == "on" and not fast_paths.probe({}).on("kernel_stamps"):
+        pytest.skip(f"kernel stamps are off here: {fast_paths.probe({}).refused['kernel_stamps']}")
+    monkeypatch.setenv(fast_paths.ENV, switch)
+    go_on = asyncio.Event()
+
+    async def held(conn: RawConn) -> None:
+        await conn.read_request()
+        await go_on.wait()
+        await conn.send(http_head(200, {"Content-Type": "application/json"}, length=2) + b"{}")
+
+    before = sockets_open_twice()
+    async with RawUpstream(held) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p, \
+            aiohttp.ClientSession() as s:
+        sent = asyncio.ensure_future(s.post(p.url + CHAT, json={"model": "m"}))
+        await wait_until(lambda: up.requests, what="the request upstream")
+        doubled = sockets_open_twice() - before
+        go_on.set()
+        async with await sent as r:
+            assert await r.read() == b"{}"
+        async with s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
+            health = (await r.json())["fast_paths"]
+    if switch == "on":
+        assert len(doubled) == 2, doubled  # the upstream connection's answer, the client's next request
+        assert health["kernel_stamps"] == ["arrival", "upstream", "tls_flight"]
+    else:
+        assert doubled == set()
+        assert health["kernel_stamps"] == [] and "kernel_stamps" in health["off"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
+def test_the_kernel_probe_runs_when_serve_starts_and_never_when_turned_off() -> None:
+    """Importing llmtap opens no socket; the probe with kernel stamps off opens none either; on, it
+    keeps the one socket that asks the kernel to stamp what it receives."""
+    code = """if True:
+        import os
+        def sockets():
+            return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:") for fd in os.listdir("/proc/self/fd")
+                       if os.path.exists(f"/proc/self/fd/{fd}"))
+        import proxy.cli, proxy.serve.server, proxy.relay.app, proxy.relay.arrival
+        from proxy.relay import fast_paths
+        imported = sockets()
+        off = fast_paths.probe({"LLMTAP_FAST_PATHS": "off"})
+        after_off = sockets()
+        on = fast_paths.probe({})
+        print(imported, after_off, sockets(), int(on.on("kernel_stamps")))
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=START_S)
+    assert done.returncode == 0, done.stderr
+    imported, after_off, after_on, kernel = map(int, done.stdout.split())
+    assert after_off == imported
+    assert after_on == imported + kernel

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import os
 import re
 from pathlib import Path
@@ -94,7 +93,13 @@ def embedded_data(page: str) -> dict:
 
 
 def charts_by_id(page: str) -> dict[str, dict]:
-    return {chart["id"]: chart for chart in embedded_data(page)["charts"]}
+    """The charts with data (those drawn; the others are a card saying so)."""
+    return {chart["id"]: chart for chart in embedded_data(page)["charts"] if chart["series"]}
+
+
+def summary_requests(page: str) -> dict[str | None, int]:
+    """The table per model's request counts, by model (None: the total row), from the embedded data."""
+    return {row["model"]: row["requests"] for row in embedded_data(page)["summary"]}
 
 
 def test_report_is_self_contained(report: str) -> None:
@@ -104,12 +109,12 @@ def test_report_is_self_contained(report: str) -> None:
     assert report.count("<script") == 3
 
 
+ERRORS = sum(1 for i in range(REQUESTS) if i % 13 == 0 or i % 29 == 0)
+
+
 def test_summary_table_has_every_model_and_the_totals(report: str) -> None:
-    for name, *_ in MODELS:
-        assert f"{html.escape(name)}</th><td>200</td>" in report
-    assert f'All models</th><td>{REQUESTS}</td>' in report
-    errors = sum(1 for i in range(REQUESTS) if i % 13 == 0 or i % 29 == 0)
-    assert f"{errors} ({100 * errors / REQUESTS:.1f}%)" in report
+    assert summary_requests(report) == {**{name: 200 for name, *_ in MODELS}, None: REQUESTS}
+    assert embedded_data(report)["totals"]["errors"] == ERRORS
 
 
 def test_charts_carry_the_data(report: str) -> None:
@@ -132,10 +137,11 @@ def test_scatter_fits_recover_each_models_prefill_slope(report: str) -> None:
 
 
 def test_model_names_and_messages_are_escaped(report: str) -> None:
-    assert XSS_MODEL not in report
+    """In the file only as JSON with `<` escaped (the browser test sees them drawn as text)."""
+    assert XSS_MODEL not in report and XSS_MESSAGE not in report
     assert "<img" not in report
-    assert html.escape(XSS_MODEL) in report
-    assert html.escape(XSS_MESSAGE) in report
+    data = embedded_data(report)
+    assert XSS_MODEL in summary_requests(report) and XSS_MESSAGE in {r["example"] for r in data["error_table"]}
     assert XSS_MODEL in {s["label"] for s in charts_by_id(report)["cdf-ttft_ms"]["series"]}
 
 
@@ -145,7 +151,7 @@ def test_filter_narrows_the_report() -> None:
     assert "<title>gpt &lt;only&gt;</title>" in page
     assert "Filter: <code>request_model = &#x27;gpt-4o-mini&#x27;</code>" in page
     assert {s["label"] for s in charts_by_id(page)["ttft-input"]["series"]} == {"gpt-4o-mini"}
-    assert "All models</th><td>200</td>" in page
+    assert summary_requests(page)[None] == 200
 
 
 @pytest.mark.parametrize("where", ["TRUE", "started_at < TIMESTAMPTZ '2000-01-01 00:00:00+00'"])
@@ -154,9 +160,8 @@ def test_nothing_to_report_says_so(where: str) -> None:
     con.execute(create_tables_sql())
     if where != "TRUE":
         con.execute(FIXTURE_SQL)
-    page = render_html(duckdb_query(con), where=where)
-    assert "No requests match this selection" in page
-    assert "llmtap-data" not in page
+    data = embedded_data(render_html(duckdb_query(con), where=where))
+    assert data["totals"]["requests"] == 0 and data["charts"] == [] and data["filtered"] == (where != "TRUE")
 
 
 def test_scatter_is_sampled_to_a_bound() -> None:
@@ -196,6 +201,9 @@ Array.from(document.querySelectorAll('.chart .u-over')).map(el => {
 CANVAS_WIDTHS_JS = "Array.from(document.querySelectorAll('.chart canvas')).map(c => c.getBoundingClientRect().width)"
 LEGENDS_JS = "Array.from(document.querySelectorAll('.u-legend')).map(l => l.textContent)"
 NEXT_FRAME_JS = "new Promise(r => requestAnimationFrame(() => setTimeout(r, 50)))"
+# The table per model as drawn: its model cell's text, then each cell's raw value
+SUMMARY_JS = """[...document.querySelectorAll('table.summary tbody tr')].map(tr =>
+  [tr.children[0].textContent, ...[...tr.children].slice(1).map(td => td.dataset.value)])"""
 
 
 async def browse(page_html: str, tmp_path: Path, name: str) -> tuple[Chromium, dict]:
@@ -212,6 +220,9 @@ async def browse(page_html: str, tmp_path: Path, name: str) -> tuple[Chromium, d
             "pixels": await browser.evaluate(COLOURED_PIXELS_JS),
             "scripts": await browser.evaluate("document.scripts.length"),
             "legend": await browser.evaluate(LEGENDS_JS),
+            "summary": await browser.evaluate(SUMMARY_JS),
+            "text": await browser.evaluate("document.body.innerText"),
+            "elements": await browser.evaluate("document.querySelectorAll('img, main script, iframe').length"),
         }
         for x, y in await browser.evaluate(CHART_CENTRES_JS):
             await browser.evaluate(NEXT_FRAME_JS)
@@ -236,6 +247,10 @@ async def test_every_chart_draws_in_chromium_without_errors(report: str, tmp_pat
     assert all(n > 300 for n in seen["pixels"]), seen["pixels"]
     assert seen["scripts"] == 3
     assert any(XSS_MODEL in text for text in seen["legend"])  # reached the page as text
+    assert {row[0]: int(row[1]) for row in seen["summary"]} == {**{name: 200 for name, *_ in MODELS},
+                                                                "All models": REQUESTS}
+    assert f"{ERRORS} ({100 * ERRORS / REQUESTS:.1f}%)" in seen["text"] and XSS_MESSAGE in seen["text"]
+    assert seen["elements"] == 0  # the hostile names and messages made no element
     assert all(url.startswith("file://") for url in browser.requested), browser.requested
     assert len(seen["narrow_widths"]) == CHART_COUNT
     assert all(200 < w <= NARROW for w in seen["narrow_widths"]), seen["narrow_widths"]
@@ -257,6 +272,7 @@ async def test_tiny_reports_open_without_errors(rows_sql: str, charts: int, tmp_
     browser, seen = await browse(render_html(duckdb_query(con)), tmp_path, f"tiny-{charts}")
     assert browser.errors == []
     assert seen["expected"] == seen["drawn"] == charts
+    assert ("No requests match this selection" in seen["text"]) == (charts == 0)
     assert len(seen["pixels"]) == charts
     assert all(n > 0 for n in seen["pixels"]), seen["pixels"]
 
@@ -277,7 +293,6 @@ async def test_counts_have_whole_ticks_legends_no_dashes_and_a_negative_slope_a_
     con.execute(create_tables_sql())
     con.execute(SMALL_SQL)
     page = render_html(duckdb_query(con))
-    assert "* negative: TTFT did not grow with input here" in page
     assert "A line falling to the right is no prefill cost" in page
     path = tmp_path / "small.html"
     path.write_text(page, encoding="utf-8")
@@ -290,7 +305,9 @@ async def test_counts_have_whole_ticks_legends_no_dashes_and_a_negative_slope_a_
             await browser.mouse_move(x, y)
             await browser.evaluate(NEXT_FRAME_JS)
         legends = await browser.evaluate(LEGENDS_JS)
-    assert browser.errors == []
+        text = await browser.evaluate("document.body.innerText")
+        prefill = await browser.evaluate("document.querySelector('tr[data-model=\"m-neg\"] td:nth-child(12)').title")
+    assert "* negative: TTFT did not grow with input here" in text and prefill.startswith("* negative")
     assert ticks and all(t.isdigit() for t in ticks), ticks  # one 429: ticks 0 and 1, never 0.5
     assert legends and not [text for text in legends if "--" in text], legends
 
@@ -310,7 +327,7 @@ def test_renders_through_the_cli_source_and_filters(tmp_path: Path) -> None:
     assert cost["categories"] == ["2026-11-28", "2026-11-29", "2026-11-30"] and cost["counts"] is False
     _, _, (total,) = source_rows(tmp_path / "fixture.duckdb", "SELECT sum(cost_usd) FROM requests")
     assert sum(sum(s["y"]) for s in cost["series"]) == pytest.approx(total[0], rel=1e-5)
-    assert "All models</th><td>31</td>" in everything
+    assert summary_requests(everything)[None] == 31
     assert "Filter: <code>tool IN (&#x27;codex&#x27;)</code>" in one_tool
 
 

@@ -1,18 +1,16 @@
 """The GenAI metrics under the conventions' current names (open-telemetry/semantic-conventions-genai main:
-gen_ai.client.inference.*, the usage counters by gen_ai.token.modality), the legacy names behind
-`metrics_names = "legacy"`, and llmtap's extensions: the cost counter and the limit gauges."""
+gen_ai.client.inference.*, the usage counters by gen_ai.token.modality), and llmtap's extensions: the
+cost counter and the limit gauges."""
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
 from proxy.observe.metrics import PrometheusMetrics
 from proxy.record.recorder import on_rows
 from .serving import RunningProxy
-from proxy.simulator.app import Simulator
 
-from .conftest import proxy_config, rows
+from .conftest import rows
 from .test_deploy import PRICED_AND_LIMITED
 from .test_metrics import MIX, lbl, samples, send_mix, value
 
@@ -20,8 +18,8 @@ otel = pytest.importorskip("opentelemetry.sdk.metrics")
 from .test_otel import in_memory  # noqa: E402
 
 
-async def scrape(proxy: RunningProxy, names: str) -> dict:
-    metrics = PrometheusMetrics(store_stats=proxy.store.stats, names=names)
+async def scrape(proxy: RunningProxy) -> dict:
+    metrics = PrometheusMetrics(store_stats=proxy.store.stats)
     proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy, [*MIX, *PRICED_AND_LIMITED])
     assert proxy.flush(10)
@@ -29,7 +27,7 @@ async def scrape(proxy: RunningProxy, names: str) -> dict:
 
 
 async def test_current_names_after_real_requests(proxy: RunningProxy) -> None:
-    found = await scrape(proxy, "current")
+    found = await scrape(proxy)
     chat = lbl("/", "gpt-x", "openai-python", "2xx")
     claude = lbl("/", "claude-x", "claude-code", "2xx")
     limited = lbl("/", "gpt-x", "openai-python", "4xx")
@@ -63,28 +61,8 @@ async def test_current_names_after_real_requests(proxy: RunningProxy) -> None:
     assert len(keys) == 2 and all(k.startswith("k:") for k in keys)
 
 
-async def test_legacy_names_behind_the_option(proxy: RunningProxy) -> None:
-    found = await scrape(proxy, "legacy")
-    chat = lbl("/", "gpt-x", "openai-python", "2xx")
-    assert value(found, "gen_ai_client_operation_duration_seconds_count", **chat) == 1
-    assert value(found, "gen_ai_client_token_usage_sum", **chat, gen_ai_token_type="output") == 6
-    assert not {n for n, _ in found if n.startswith("gen_ai_client_inference_")}
-    assert any(n == "llmtap_client_inference_cost_usd_total" for n, _ in found)  # extensions in both
-
-
-async def test_serve_metrics_names_legacy_reaches_the_scrape(sim: Simulator, tmp_path) -> None:
-    config = proxy_config(sim.url, tmp_path, metrics_names="legacy")
-    async with RunningProxy(config) as p:
-        await send_mix(p, MIX[:1])
-        async with aiohttp.ClientSession() as session:
-            async with session.get(p.url + "/_llmtap/metrics", headers=p.admin.headers()) as resp:
-                text = await resp.text()
-    assert "gen_ai_client_operation_duration_seconds_count" in text
-    assert "gen_ai_client_inference_duration_seconds" not in text
-
-
 async def test_otlp_current_names(proxy: RunningProxy) -> None:
-    exporter, spans, reader = in_memory("current")
+    exporter, spans, reader = in_memory()
     proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy, [*MIX, *PRICED_AND_LIMITED])
     data = reader.get_metrics_data()

@@ -1,5 +1,5 @@
-"""Prometheus metrics: real requests through the real proxy, read back from the scrape text (the legacy
-names, `serve --metrics-names legacy`; tests/test_metric_names.py has the current ones)."""
+"""Prometheus metrics: real requests through the real proxy, read back from the scrape text
+(tests/test_metric_names.py has every GenAI name and llmtap's extensions)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def lbl(route: str, model: str, tool: str, status_class: str, **more: str) -> di
 
 
 async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
-    metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary, names="legacy")
+    metrics = PrometheusMetrics(store_stats=proxy.store.stats, loop_lag=proxy.state.loop_lag.summary)
     proxy.state.recorder.observe(on_rows(metrics.observe))
     await send_mix(proxy)
     assert proxy.flush(10)
@@ -91,25 +91,19 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
     # every generation has a duration; only the stream has a TTFT (30 ms simulated); the models list is
     # no GenAI operation (kind model_list): counted above, in no histogram
     for labels in (chat, claude, limited):
-        assert value(found, "gen_ai_client_operation_duration_seconds_count", **labels) == 1
-    assert ("gen_ai_client_operation_duration_seconds_count", frozenset(models.items())) not in found
-    assert value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_count", **chat) == 1
-    assert ("gen_ai_client_operation_time_to_first_chunk_seconds_count", frozenset(claude.items())) not in found
-    assert value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_bucket", **chat, le="0.02") == 0
-    assert value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_bucket", **chat, le="81.92") == 1
+        assert value(found, "gen_ai_client_inference_duration_seconds_count", **labels) == 1
+    assert ("gen_ai_client_inference_duration_seconds_count", frozenset(models.items())) not in found
+    assert value(found, "gen_ai_client_inference_time_to_first_chunk_seconds_count", **chat) == 1
+    assert ("gen_ai_client_inference_time_to_first_chunk_seconds_count", frozenset(claude.items())) not in found
+    assert value(found, "gen_ai_client_inference_time_to_first_chunk_seconds_bucket", **chat, le="0.02") == 0
+    assert value(found, "gen_ai_client_inference_time_to_first_chunk_seconds_bucket", **chat, le="81.92") == 1
     (stream,) = rows(proxy, "SELECT ttft_ms, tpot_ms, e2e_ms FROM requests WHERE stream")
-    ttft = value(found, "gen_ai_client_operation_time_to_first_chunk_seconds_sum", **chat)
+    ttft = value(found, "gen_ai_client_inference_time_to_first_chunk_seconds_sum", **chat)
     assert ttft == pytest.approx(stream["ttft_ms"] / 1000) and ttft >= 0.03
-    tpot = value(found, "gen_ai_client_operation_time_per_output_chunk_seconds_sum", **chat)
+    tpot = value(found, "gen_ai_client_inference_time_per_output_chunk_seconds_sum", **chat)
     assert tpot == pytest.approx(stream["tpot_ms"] / 1000) and 0 < tpot < 0.05
-    e2e = value(found, "gen_ai_client_operation_duration_seconds_sum", **chat)
+    e2e = value(found, "gen_ai_client_inference_duration_seconds_sum", **chat)
     assert e2e == pytest.approx(stream["e2e_ms"] / 1000)
-
-    # tokens: 6 out, 40 cached of the input, by type
-    assert value(found, "gen_ai_client_token_usage_sum", **chat, gen_ai_token_type="output") == 6
-    assert value(found, "gen_ai_client_token_usage_sum", **chat, gen_ai_token_type="cache_read") == 40
-    assert value(found, "gen_ai_client_token_usage_sum", **chat, gen_ai_token_type="input") >= 100
-    assert value(found, "gen_ai_client_token_usage_sum", **claude, gen_ai_token_type="output") == 5
 
     # the store's counters and the loop lag, read at scrape time
     assert value(found, "llmtap_store_requests_written_total") == 4
@@ -121,8 +115,8 @@ async def test_scrape_after_real_requests(proxy: RunningProxy) -> None:
 def test_buckets_follow_the_genai_advice() -> None:
     assert DURATION_BUCKETS[0] == 0.01 and DURATION_BUCKETS[-1] == 81.92 and len(DURATION_BUCKETS) == 14
     assert TOKEN_BUCKETS[0] == 1 and TOKEN_BUCKETS[-1] == 67108864 and len(TOKEN_BUCKETS) == 14
-    text = PrometheusMetrics(names="legacy").render()[0].decode()
-    assert "gen_ai_client_operation_duration_seconds histogram" in text
+    text = PrometheusMetrics().render()[0].decode()
+    assert "gen_ai_client_inference_duration_seconds histogram" in text
 
 
 def row(**values: Any) -> dict[str, Any]:
@@ -133,12 +127,12 @@ def row(**values: Any) -> dict[str, Any]:
 
 
 def test_label_cardinality_is_bounded() -> None:
-    metrics = PrometheusMetrics(max_label_values=2, names="legacy")
+    metrics = PrometheusMetrics(max_label_values=2)
     for n in range(5):
         metrics.observe(row(request_model=f"model-{n}", tool="curl"))
     metrics.observe(row(request_model="model-0", tool="curl"))
     found = samples(metrics.render()[0].decode())
-    count = "gen_ai_client_operation_duration_seconds_count"
+    count = "gen_ai_client_inference_duration_seconds_count"
     assert value(found, count, **lbl("/", "model-0", "curl", "2xx")) == 2
     assert value(found, count, **lbl("/", "model-1", "curl", "2xx")) == 1
     assert value(found, count, **lbl("/", "other", "curl", "2xx")) == 3
@@ -148,14 +142,14 @@ def test_label_cardinality_is_bounded() -> None:
 
 @pytest.mark.parametrize(("status", "expected"), [(None, "none"), (101, "1xx"), (204, "2xx"), (503, "5xx")])
 def test_status_class(status: int | None, expected: str) -> None:
-    metrics = PrometheusMetrics(names="legacy")
+    metrics = PrometheusMetrics()
     metrics.observe(row(status=status, outcome="upstream_unreachable" if status is None else "ok"))
     found = samples(metrics.render()[0].decode())
     assert [dict(k[1])["status_class"] for k in found if k[0] == "llmtap_requests_total"] == [expected]
 
 
 def test_observe_never_raises() -> None:
-    metrics = PrometheusMetrics(names="legacy")
+    metrics = PrometheusMetrics()
     metrics.observe(row(e2e_ms="not a number"))
     metrics.observe({})  # no keys at all: counted with "none" labels, no duration
     found = samples(metrics.render()[0].decode())
@@ -189,12 +183,12 @@ async def test_admin_endpoint_serves_the_scrape(sim: Simulator, tmp_path: Path) 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     """A value equal to a bound counts in that bound's bucket (Prometheus `le`), each bucket
     counts everything below it, +Inf counts all, and the sum is exact."""
-    metrics = PrometheusMetrics(names="legacy")
+    metrics = PrometheusMetrics()
     for e2e_ms in (10.0, 10.0001, 640.0, 100_000.0):  # 0.01 s is the first bound, 0.64 s another
         metrics.observe(row(e2e_ms=e2e_ms))
     found = samples(metrics.render()[0].decode())
     labels = lbl("/", "none", "none", "2xx")
-    bucket = "gen_ai_client_operation_duration_seconds_bucket"
+    bucket = "gen_ai_client_inference_duration_seconds_bucket"
     assert [value(found, bucket, **labels, le=le) for le in ("0.01", "0.02", "0.64", "81.92", "+Inf")] == [1, 2, 3, 3, 4]
-    assert value(found, "gen_ai_client_operation_duration_seconds_count", **labels) == 4
-    assert value(found, "gen_ai_client_operation_duration_seconds_sum", **labels) == pytest.approx(100.6600001)
+    assert value(found, "gen_ai_client_inference_duration_seconds_count", **labels) == 4
+    assert value(found, "gen_ai_client_inference_duration_seconds_sum", **labels) == pytest.approx(100.6600001)

@@ -4,7 +4,7 @@ import duckdb
 import pytest
 
 from proxy.record.migrations import MIGRATIONS, m001_initial, migrate
-from proxy.common.schema import CHUNK_COLUMNS, REQUEST_COLUMNS
+from proxy.common.schema import AGENT_EVENT_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 
 
 def columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:
@@ -25,6 +25,7 @@ def test_final_schema_is_the_column_contract():
     migrate(con)
     assert columns(con, "requests") == expected(REQUEST_COLUMNS)
     assert columns(con, "chunks") == expected(CHUNK_COLUMNS)
+    assert columns(con, "agent_events") == expected(AGENT_EVENT_COLUMNS)
 
 
 def test_migrations_are_named_in_order():

@@ -33,18 +33,17 @@ from .conftest import rows  # noqa: E402
 from .test_metrics import send_mix  # noqa: E402
 
 
-def in_memory(names: str) -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
+def in_memory() -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
-    return OtelExporter(tracer_provider, MeterProvider(metric_readers=[reader]), names=names), spans, reader
+    return OtelExporter(tracer_provider, MeterProvider(metric_readers=[reader])), spans, reader
 
 
 @pytest.fixture
 def memory() -> tuple[OtelExporter, InMemorySpanExporter, InMemoryMetricReader]:
-    """The legacy names (`--metrics-names legacy`); tests/test_metric_names.py has the current ones."""
-    return in_memory("legacy")
+    return in_memory()
 
 
 async def test_spans_from_real_requests(proxy: RunningProxy, memory) -> None:
@@ -105,9 +104,9 @@ async def test_the_operation_is_the_requests_kind(proxy: RunningProxy, memory) -
     turn = next(sp for sp in spans.get_finished_spans() if sp.name == "chat gpt-ws").attributes
     assert turn["gen_ai.request.stream"] is True and turn["gen_ai.response.time_to_first_chunk"] > 0
     found = histograms(reader)
-    models = {p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.operation.duration"]}
-    assert models == {"gpt-ws", "emb-x"}
-    assert [p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.operation.time_to_first_chunk"]] == [
+    assert [p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.inference.duration"]] == ["gpt-ws"]
+    assert [p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.embeddings.duration"]] == ["emb-x"]
+    assert [p.attributes["gen_ai.request.model"] for p in found["gen_ai.client.inference.time_to_first_chunk"]] == [
         "gpt-ws"]
 
 
@@ -122,20 +121,25 @@ async def test_metrics_from_real_requests(proxy: RunningProxy, memory) -> None:
     proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)
     found = histograms(reader)
-    assert set(found) == {"gen_ai.client.operation.duration", "gen_ai.client.operation.time_to_first_chunk",
-                          "gen_ai.client.operation.time_per_output_chunk", "gen_ai.client.token.usage"}
-    duration = found["gen_ai.client.operation.duration"]
+    usage = {f"gen_ai.client.inference.usage.{part}" for part in (
+        "input_tokens", "output_tokens", "cache_read.input_tokens", "cache_write.input_tokens", "reasoning.output_tokens")}
+    assert set(found) == {"gen_ai.client.inference.duration", "gen_ai.client.inference.time_to_first_chunk",
+                          "gen_ai.client.inference.time_per_output_chunk", "gen_ai.client.inference.operation.input_tokens",
+                          "gen_ai.client.inference.operation.output_tokens", *usage}
+    duration = found["gen_ai.client.inference.duration"]
     assert sum(p.count for p in duration) == 3  # the generations, not GET /v1/models
     assert tuple(duration[0].explicit_bounds) == DURATION_BUCKETS
     errors = [p for p in duration if "error.type" in p.attributes]
     assert len(errors) == 1 and errors[0].attributes["gen_ai.request.model"] == "gpt-x"
-    ttft = found["gen_ai.client.operation.time_to_first_chunk"]
+    ttft = found["gen_ai.client.inference.time_to_first_chunk"]
     assert [p.count for p in ttft] == [1] and 0.03 <= ttft[0].sum < 0.5
-    tokens = {(p.attributes["gen_ai.request.model"], p.attributes["gen_ai.token.type"]): p
-              for p in found["gen_ai.client.token.usage"]}
-    assert tokens[("gpt-x", "cache_read")].sum == 40 and tokens[("claude-x", "output")].sum == 5
-    assert tuple(tokens[("gpt-x", "output")].explicit_bounds) == TOKEN_BUCKETS
-    assert tokens[("claude-x", "input")].attributes["gen_ai.provider.name"] == "anthropic"
+    def by_model(name: str) -> dict:
+        return {p.attributes["gen_ai.request.model"]: p for p in found[name] if "error.type" not in p.attributes}
+    assert by_model("gen_ai.client.inference.usage.cache_read.input_tokens")["gpt-x"].value == 40
+    assert by_model("gen_ai.client.inference.usage.output_tokens")["claude-x"].value == 5
+    output = by_model("gen_ai.client.inference.operation.output_tokens")
+    assert tuple(output["gpt-x"].explicit_bounds) == TOKEN_BUCKETS
+    assert output["claude-x"].attributes["gen_ai.provider.name"] == "anthropic"
 
 
 @pytest.fixture
@@ -159,8 +163,7 @@ async def collector() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, str]
 
 async def test_otlp_http_export_to_a_collector(proxy: RunningProxy, collector) -> None:
     url, received = collector
-    settings = OtelSettings(endpoint=url, headers={"Authorization": "Bearer t0ken"}, service_name="gw-1",
-                            metrics_names="legacy")
+    settings = OtelSettings(endpoint=url, headers={"Authorization": "Bearer t0ken"}, service_name="gw-1")
     exporter = OtelExporter.from_settings(settings)
     proxy.state.recorder.observe(on_rows(exporter.observe))
     await send_mix(proxy)
@@ -179,7 +182,7 @@ async def test_otlp_http_export_to_a_collector(proxy: RunningProxy, collector) -
     metrics = ExportMetricsServiceRequest()
     metrics.MergeFromString(next(body for path, _, body in received if path == "/v1/metrics"))
     exported = {m.name for rm in metrics.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
-    assert "gen_ai.client.operation.duration" in exported
+    assert "gen_ai.client.inference.duration" in exported
 
 
 def test_settings_from_config() -> None:

@@ -237,8 +237,7 @@ async def test_failing_then_working_export_is_said_once_each(receiver: Receiver)
     """A collector that refuses, then accepts: one line for the failure (with its reason), one when it works
     again, and none of the exporter's own lines."""
     lines: list[str] = []
-    exporter = OtelExporter.from_settings(OtelSettings(endpoint=receiver.url, metrics_names="legacy"),
-                                          report=lines.append)
+    exporter = OtelExporter.from_settings(OtelSettings(endpoint=receiver.url), report=lines.append)
     row = {"id": "r1", "kind": "generation", "dialect": "openai_chat", "request_model": "gpt-x", "e2e_ms": 12.0,
            "started_at": datetime.now(timezone.utc), "outcome": "ok", "status": 200}
     receiver.refuse = 2

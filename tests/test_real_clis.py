@@ -47,29 +47,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLMTAP_CLI_CACHE") or Path.home() / ".cache" / "llmtap-test-clis")
 
 
-def _installed(prefix: Path) -> bool:
-    for package, version in PACKAGES.items():
+def _installed(prefix: Path, packages: dict[str, str], bins: tuple[str, ...]) -> bool:
+    for package, version in packages.items():
         try:
             if json.loads((prefix / "node_modules" / package / "package.json").read_text())["version"] != version:
                 return False
         except (OSError, ValueError, KeyError):
             return False
-    return all((prefix / "node_modules" / ".bin" / name).exists() for name in ("claude", "codex", "cline"))
+    return all((prefix / "node_modules" / ".bin" / name).exists() for name in bins)
 
 
-@pytest.fixture(scope="module")
-def clis() -> Path:
-    """The npm prefix holding the three CLIs (installed on first use, under a lock)."""
+def npm_installed(prefix: Path, packages: dict[str, str], bins: tuple[str, ...]) -> Path:
+    """`packages` at their versions in the npm prefix `prefix`, installed on first use under a lock
+    (skips without node and npm, or when npm cannot reach its registry)."""
     npm = shutil.which("npm")
     if not npm or not shutil.which("node"):
         pytest.skip("node and npm are needed to install the real CLIs")
-    prefix = cache_dir()
     prefix.mkdir(parents=True, exist_ok=True)
     with open(prefix / ".llmtap-install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _installed(prefix):
+        if not _installed(prefix, packages, bins):
             started = time.monotonic()
-            specs = [f"{package}@{version}" for package, version in PACKAGES.items()]
+            specs = [f"{package}@{version}" for package, version in packages.items()]
             try:
                 proc = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
                                        "--save-exact", *specs], capture_output=True, text=True, timeout=900)
@@ -80,9 +79,15 @@ def clis() -> Path:
             network = [line for line in output if NETWORK_ERRORS.search(line)]
             if proc.returncode != 0 and network:
                 pytest.skip(f"npm cannot reach its registry: {' | '.join(network[:2])}")
-            assert proc.returncode == 0 and _installed(prefix), f"npm install failed: {tail}"
-            print(f"installed the real CLIs into {prefix} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            assert proc.returncode == 0 and _installed(prefix, packages, bins), f"npm install failed: {tail}"
+            print(f"installed {', '.join(specs)} into {prefix} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return prefix
+
+
+@pytest.fixture(scope="module")
+def clis() -> Path:
+    """The npm prefix holding the three CLIs (installed on first use, under a lock)."""
+    return npm_installed(cache_dir(), PACKAGES, ("claude", "codex", "cline"))
 
 
 def base_env(home: Path, **extra: str) -> dict[str, str]:

@@ -172,3 +172,22 @@ def test_child_env_sets_base_urls_and_keeps_loopback_off_proxies() -> None:
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/anthropic"
     assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == "http://127.0.0.1:9/openai/v1"
     assert env["NO_PROXY"] == "corp.example,127.0.0.1,localhost,::1" and env["no_proxy"] == "127.0.0.1,localhost,::1"
+
+
+def test_the_agents_get_their_base_urls(tmp_path: Path) -> None:
+    """Gemini CLI reads GOOGLE_GEMINI_BASE_URL (no /v1beta); aider AIDER_OPENAI_API_BASE (wins over its
+    .aider.conf.yml); opencode OPENCODE_CONFIG_CONTENT for anthropic, openai and the providers its files name."""
+    from proxy.tools.run import tool_env
+
+    urls = base_urls("http://127.0.0.1:8787", ["/"], "t1")
+    assert child_env({}, urls)["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:8787/_tag/t1"
+    env = {"HOME": str(tmp_path / "home")}
+    assert tool_env(["aider", "--message", "hi"], urls, env, tmp_path) == {
+        "AIDER_OPENAI_API_BASE": "http://127.0.0.1:8787/_tag/t1/v1"}
+    assert tool_env(["/usr/bin/gemini", "-p", "hi"], urls, env, tmp_path) == {}
+    (tmp_path / "opencode.json").write_text(json.dumps({"provider": {"mine": {"npm": "@ai-sdk/openai-compatible"}}}))
+    content = json.loads(tool_env(["opencode", "run", "hi"], urls, env, tmp_path / "sub")["OPENCODE_CONFIG_CONTENT"])
+    assert content == {"provider": {
+        "anthropic": {"options": {"baseURL": "http://127.0.0.1:8787/_tag/t1/v1"}},
+        "mine": {"options": {"baseURL": "http://127.0.0.1:8787/_tag/t1/v1"}},
+        "openai": {"options": {"baseURL": "http://127.0.0.1:8787/_tag/t1/v1"}}}}

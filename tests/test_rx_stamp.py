@@ -1,6 +1,6 @@
 """llmtap's own time goes into llmtap's own columns (#26): a request, or an upstream's headers,
 that waited in the kernel while the proxy's loop was blocked is dated when it came
-(proxy/relay/rx_stamp.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
+(proxy/relay/kernel_timing.py), and the wait counts in `proxy_overhead_ms` or `proxy_wait_ms`, never in the
 network's or the upstream's parts. The loop is blocked deliberately from the test (the client
 path, or a test-only upstream's thread); each check compares moments on the monotonic clock the
 test and the proxy share in this process (the block's start and end against what was recorded),
@@ -9,22 +9,29 @@ never a duration against a threshold."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import socket
+import struct
+import termios
 import threading
 import time
 from pathlib import Path
 from time import perf_counter_ns
 
+import aiohttp
 import pytest
 
-from proxy.relay import rx_stamp
+from proxy.meter.connection_marks import ConnectionMarks
+from proxy.relay import conn_timing, kernel_timing
 from .serving import RunningProxy
 
 from .conftest import proxy_config, rows
+from .faultkit import RawConn, RawUpstream, http_head
+from .waiting import wait_until
 from .fast_path_skips import needs
 
-pytestmark = pytest.mark.skipif(not rx_stamp.AVAILABLE, reason="no kernel receive timestamps here")
+pytestmark = needs("kernel_stamps")
 
 BODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
 PARTS = ("proxy_overhead_ms", "pool_wait_ms", "dns_ms", "connect_ms", "tls_ms", "upstream_wait_ms", "proxy_wait_ms")
@@ -145,8 +152,8 @@ async def test_bytes_read_stamped_are_the_transports_bytes() -> None:
 
     class Server(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert rx_stamp.usable(transport)
-            self.rx = rx_stamp.RxStamp(transport, self.data_received)  # type: ignore[arg-type]
+            assert kernel_timing.usable(transport)
+            self.rx = kernel_timing.RxStamp(transport, self.data_received)  # type: ignore[arg-type]
             loop.call_soon(lambda: armed.set_result(self.rx.arm()))  # once the transport reads (uvloop)
 
         def data_received(self, data: bytes) -> None:
@@ -170,3 +177,100 @@ async def test_bytes_read_stamped_are_the_transports_bytes() -> None:
     server.close()
     assert b"".join(got) == payload
     assert stamps and all(stamp <= handed for stamp, handed in stamps)
+
+
+async def test_the_answers_reader_leaves_a_connection_aiohttp_holds_alone() -> None:
+    """The upstream connector's reader of the answer's first byte (kernel_timing.stamp_answer) hands
+    aiohttp more than its buffer takes (a `read_bufsize` of 256 bytes): aiohttp's flow control holds
+    the connection, and the reader must not start it reading again; the rest comes once the body is read."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+    first, rest = b"a" * 8192, b"b" * 65536
+    go_on = asyncio.Event()
+
+    async def answer(conn: RawConn) -> None:
+        await conn.read_request()
+        await conn.send(head % (len(first) + len(rest)) + first)  # one write: one read of the proxy's
+        await go_on.wait()
+        await conn.send(rest)
+
+    marks = ConnectionMarks(tls=False)
+    async with RawUpstream(answer) as up, aiohttp.ClientSession(
+            connector=conn_timing.TimedConnector(kernel=True), read_bufsize=256) as session:
+        timing = conn_timing.CURRENT.set(marks)
+        try:
+            response = await asyncio.wait_for(session.get(up.url), 10)
+        finally:
+            kernel_timing.settle()  # as the relay does once the headers are in
+            conn_timing.CURRENT.reset(timing)
+        assert marks.answered is not None  # the reader read the answer, stamped
+        low, high = response.content.get_read_buffer_limits()
+        assert response.content.total_bytes > high  # aiohttp holds the connection's reading now
+        assert response.connection is not None and response.connection.transport is not None
+        assert not response.connection.transport.is_reading()
+        go_on.set()
+        assert await asyncio.wait_for(response.read(), 10) == first + rest
+
+
+def test_a_protocol_without_aiohttps_flow_control_flags_counts_as_held() -> None:
+    from aiohttp.client_proto import ResponseHandler
+
+    class Other(asyncio.Protocol):  # an aiohttp shaped otherwise: no flags to read
+        pass
+
+    assert kernel_timing.held(Other())
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = ResponseHandler(loop)
+        assert not kernel_timing.held(protocol)
+        protocol._reading_paused = True
+        assert kernel_timing.held(protocol)
+    finally:
+        loop.close()
+
+
+def unread(sock: socket.socket) -> int:
+    """The bytes waiting in a socket's receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+@needs("arrival")  # the reader of a connection's next request is arrival.py's
+async def test_the_next_requests_reader_leaves_a_connection_aiohttp_holds_alone(tmp_path: Path) -> None:
+    """A client pipelines more requests than aiohttp queues (32) while the upstream holds the first
+    answer: aiohttp's flow control holds the connection's reading until its queue drains, and the
+    reader of the next request must not read what the client sends meanwhile, nor start the
+    connection reading again. Every request is answered once the upstream goes on."""
+    go_on = asyncio.Event()
+
+    async def answer(conn: RawConn) -> None:
+        while True:
+            await conn.read_request()
+            await go_on.wait()
+            await conn.send(http_head(200, {"Content-Type": "application/json"}, length=2) + b"{}")
+
+    one = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+    async with RawUpstream(answer) as up, RunningProxy(proxy_config(up.url, tmp_path)) as p:
+        assert p.runner is not None
+        sock = socket.create_connection(("127.0.0.1", int(p.url.rsplit(":", 1)[1])))
+        try:
+            sock.sendall(one * 40)
+            server = p.runner.server
+            assert server is not None
+            handler = await wait_until(lambda: next((h for h in server.connections if kernel_timing.held(h)), None),
+                                       what="aiohttp holding the connection")
+            sock.sendall(one)  # one more while it holds
+            waiting = handler.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            await wait_until(lambda: unread(waiting) == len(one), what="the request in the proxy's kernel")
+            async with aiohttp.ClientSession() as s, s.get(p.url + "/_llmtap/health", headers=p.admin.headers()) as r:
+                assert r.status == 200  # the loop has polled since those bytes came: a reader would have had them
+            assert handler.transport is not None and not handler.transport.is_reading()
+            assert unread(waiting) == len(one)  # still in the kernel
+            go_on.set()
+            sock.setblocking(False)
+            got, loop = b"", asyncio.get_running_loop()
+            while got.count(b"\r\n\r\n{}") < 41:
+                data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10)
+                assert data, got
+                got += data
+        finally:
+            sock.close()

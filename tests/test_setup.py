@@ -15,7 +15,7 @@ from proxy.serve.server import write_state
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.tools.cli import setup
-from proxy.tools.toml_edit import TomlEditError, set_key_and_table
+from proxy.tools.toml_edit import set_keys
 
 from .conftest import proxy_config
 from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
@@ -26,7 +26,8 @@ URL = "http://127.0.0.1:9911"
 def invoke(home: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     clean = {"HOME": str(home), "CODEX_HOME": None, "CLAUDE_CONFIG_DIR": None, "CLINE_DATA_DIR": None,
              "CLINE_DIR": None, "CLINE_PROVIDER_SETTINGS_PATH": None}
-    result = CliRunner().invoke(setup, list(args), env={**clean, **(env or {})})
+    # the agents' own telemetry is tests/test_telemetry_setup.py's
+    result = CliRunner().invoke(setup, [*args, "--no-telemetry"], env={**clean, **(env or {})})
     return result.exit_code, result.output
 
 
@@ -172,17 +173,18 @@ def test_codex_new_file_and_printed_snippet_agree(tmp_path: Path) -> None:
     assert (tmp_path / ".codex" / "config.toml").read_text() == snippet
 
 
-def test_codex_unusual_form_is_refused_untouched(tmp_path: Path) -> None:
+def test_codex_inline_form_is_edited_in_its_form_and_bad_toml_refused_untouched(tmp_path: Path) -> None:
     config = tmp_path / ".codex" / "config.toml"
     config.parent.mkdir()
-    text = 'model_providers = { llmtap = { name = "inline" } }\n'
-    config.write_text(text)
+    config.write_text('model_providers = { llmtap = { name = "inline" } }  # mine\n')
     code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
-    assert code == 1 and "edit it by hand" in out
-    assert config.read_text() == text and not backups(config)
+    assert code == 0, out
+    text = config.read_text()
+    assert text.startswith('model_providers = { llmtap = { name = "llmtap", base_url = ') and "# mine" in text
+    assert tomllib.loads(text)["model_providers"]["llmtap"]["base_url"] == URL + "/v1"
     config.write_text("model = \n")
     code, out = invoke(tmp_path, "codex", "--base-url", URL, "--write")
-    assert code == 1 and "is not valid TOML" in out
+    assert code == 1 and "is not valid TOML" in out and config.read_text() == "model = \n"
 
 
 @pytest.mark.parametrize("text", [
@@ -192,20 +194,21 @@ def test_codex_unusual_form_is_refused_untouched(tmp_path: Path) -> None:
 ])
 def test_toml_edit_keeps_the_document(text: str) -> None:
     values = {"name": "llmtap", "base_url": "http://h/v1"}
-    result = set_key_and_table(text, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values)
+    result = set_keys(text, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values)
     expected = tomllib.loads(text)
     expected["model_provider"] = "llmtap"
     expected.setdefault("model_providers", {}).setdefault("llmtap", {}).update(values)
     assert tomllib.loads(result) == expected
-    assert set_key_and_table(result, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values) == result
+    assert set_keys(result, {"model_provider": "llmtap"}, ("model_providers", "llmtap"), values) == result
     for line in text.splitlines():  # nothing of the old text is lost
         assert line.strip().startswith(("model_provider", "name")) or line in result
 
 
-def test_toml_edit_refuses_a_dotted_key_definition() -> None:
-    with pytest.raises(TomlEditError):
-        set_key_and_table('model_providers.llmtap.name = "x"\n', {"model_provider": "llmtap"},
-                          ("model_providers", "llmtap"), {"name": "llmtap"})
+def test_toml_edit_keeps_a_dotted_key_definition() -> None:
+    result = set_keys('model_providers.llmtap.name = "x"  # mine\n', {"model_provider": "llmtap"},
+                      ("model_providers", "llmtap"), {"name": "llmtap"})
+    assert result.startswith('model_providers.llmtap.name = "llmtap"  # mine\n')
+    assert tomllib.loads(result) == {"model_provider": "llmtap", "model_providers": {"llmtap": {"name": "llmtap"}}}
 
 
 def test_cline_write_keeps_keys_and_models(tmp_path: Path) -> None:
@@ -331,3 +334,48 @@ def test_a_config_given_the_client_key_is_owner_only_and_so_are_its_backups(
     path.chmod(0o644)  # unchanged content: nothing written, but still made owner-only
     code, out = invoke(open_dir, tool, "--base-url", URL, "--write")
     assert "nothing written" in out and path.stat().st_mode & 0o777 == 0o600
+
+
+AGENT_FILES = {  # what `setup TOOL --write` leaves in a home without them
+    "gemini-cli": {".gemini/.env": f"GOOGLE_GEMINI_BASE_URL={URL}\n",
+                   ".gemini/settings.json": {"security": {"auth": {"selectedType": "gemini-api-key"}}}},
+    "opencode": {".config/opencode/opencode.json": {"provider": {"anthropic": {"options": {"baseURL": URL + "/v1"}},
+                                                                 "openai": {"options": {"baseURL": URL + "/v1"}}}}},
+    "qwen-code": {".qwen/.env": f"OPENAI_BASE_URL={URL}/v1\n",
+                  ".qwen/settings.json": {"security": {"auth": {"selectedType": "openai"}}}},
+    "aider": {".aider.conf.yml": f'openai-api-base: "{URL}/v1"\n'},
+}
+
+
+@pytest.mark.parametrize("tool", AGENT_FILES)
+def test_the_agents_print_then_write_their_files(tmp_path: Path, tool: str) -> None:
+    code, out = invoke(tmp_path, tool, "--base-url", URL + "/v1", env={"XDG_CONFIG_HOME": None})
+    assert code == 0 and out.endswith(f"# write it there with: llmtap setup {tool} --write\n"), out
+    assert not any((tmp_path / name).exists() for name in AGENT_FILES[tool])
+    code, out = invoke(tmp_path, tool, "--base-url", URL, "--write", env={"XDG_CONFIG_HOME": None})
+    assert code == 0, out
+    for name, expected in AGENT_FILES[tool].items():
+        path = tmp_path / name
+        assert f"wrote {path} (new file, owner-only)" in out
+        assert (json.loads(path.read_text()) if isinstance(expected, dict) else path.read_text()) == expected
+    code, out = invoke(tmp_path, tool, "--base-url", URL, "--write", env={"XDG_CONFIG_HOME": None})
+    assert code == 0 and out.count("already has this configuration: nothing written") == len(AGENT_FILES[tool])
+
+
+def test_the_agents_logins_and_other_lines_are_kept(tmp_path: Path) -> None:
+    """A Google login's selectedType stays; a .env's other lines and the key stay; the old line is replaced;
+    a backup is made of each changed file."""
+    gemini = tmp_path / ".gemini"
+    gemini.mkdir()
+    (gemini / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "oauth-personal"}}}))
+    (gemini / ".env").write_text("GEMINI_API_KEY=AIza-mine\nexport GOOGLE_GEMINI_BASE_URL=http://old\n")
+    code, out = invoke(tmp_path, "gemini-cli", "--base-url", URL, "--write")
+    assert code == 0, out
+    assert json.loads((gemini / "settings.json").read_text())["security"]["auth"]["selectedType"] == "oauth-personal"
+    assert "settings.json already has this configuration" in out
+    assert (gemini / ".env").read_text() == f"GEMINI_API_KEY=AIza-mine\nGOOGLE_GEMINI_BASE_URL={URL}\n"
+    [backup] = backups(gemini / ".env")
+    assert "http://old" in backup.read_text() and backup.stat().st_mode & 0o777 == 0o600
+    (tmp_path / ".aider.conf.yml").write_text("model: openai/m\nopenai-api-base: http://old/v1\n")
+    code, out = invoke(tmp_path, "aider", "--base-url", URL, "--write")
+    assert (tmp_path / ".aider.conf.yml").read_text() == f'model: openai/m\nopenai-api-base: "{URL}/v1"\n'

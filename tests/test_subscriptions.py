@@ -33,7 +33,7 @@ CHATGPT_AUTH = {"auth_mode": "chatgpt", "OPENAI_API_KEY": None,
 def invoke(home: Path, *args: str) -> tuple[int, str]:
     clean = {"HOME": str(home), "CODEX_HOME": None, "CLAUDE_CONFIG_DIR": None, "CLINE_DATA_DIR": None,
              "CLINE_DIR": None, "CLINE_PROVIDER_SETTINGS_PATH": None}
-    result = CliRunner().invoke(setup, list(args), env=clean)
+    result = CliRunner().invoke(setup, [*args, "--no-telemetry"], env=clean)  # tests/test_telemetry_setup.py's
     return result.exit_code, result.output
 
 

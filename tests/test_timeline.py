@@ -106,6 +106,7 @@ async def test_spans_are_the_rows_own_times(recorded: tuple[Path, dict[str, floa
     assert (s.requests, s.turns) == (3, 2)
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("SELECT id, epoch(started_at), ttft_ms, e2e_ms FROM requests ORDER BY started_at").fetchall()
+    block_end = con.execute("SELECT tool_calls[1].ended_ms FROM requests ORDER BY started_at LIMIT 1").fetchone()[0]
     con.close()
     model = [sp for sp in s.spans if sp.kind == "model"]
     assert [(sp.request_id, sp.part) for sp in model] == [(r[0], part) for r in rows for part in ("wait", "generating")]
@@ -115,14 +116,17 @@ async def test_spans_are_the_rows_own_times(recorded: tuple[Path, dict[str, floa
     [tool] = [sp for sp in s.spans if sp.kind == "tool"]
     [you] = [sp for sp in s.spans if sp.kind == "you"]
     assert tool.part == "lookup" and tool.request_id == rows[0][0]
-    assert tool.start_s == pytest.approx(rows[0][1] + rows[0][3] / 1000, abs=1e-5)
+    # the tool runs from its own block's end (#39: the agent starts it there), at or before the response's end
+    assert tool.start_s == pytest.approx(rows[0][1] + block_end / 1000, abs=1e-5)
+    assert tool.start_s <= rows[0][1] + rows[0][3] / 1000
     assert tool.end_s == pytest.approx(rows[1][1], abs=1e-5)
     assert you.request_id == rows[1][0] and you.end_s == pytest.approx(rows[2][1], abs=1e-5)
     # what the client measured, give or take the way between it and the proxy
     assert TOOL_S <= tool.seconds and abs(tool.seconds - measured["tool"]) < 0.05, (tool.seconds, measured)
     assert YOU_S <= you.seconds and abs(you.seconds - measured["you"]) < 0.05, (you.seconds, measured)
     t = s.totals
-    assert t.tools_s["lookup"] == pytest.approx(tool.seconds, abs=1e-5)
+    # the part of the tool span the response was still streaming goes to the model: the total is as before
+    assert t.tools_s["lookup"] == pytest.approx(tool.end_s - (rows[0][1] + rows[0][3] / 1000), abs=1e-5)
     assert t.you_s == pytest.approx(you.seconds, abs=1e-5)
     assert t.model_s + t.tool_s + t.you_s + t.other_s == pytest.approx(t.wall_s, abs=1e-5)
     assert t.other_s == pytest.approx(0, abs=1e-5)
@@ -248,6 +252,11 @@ def test_the_newest_sessions_are_those_of_all_and_the_groups_are_as_defined() ->
         assert [[r["id"] for r in g] for g in want] == [[sp.request_id for sp in s.spans if sp.part == "wait"]
                                                         for s in every]
         assert any(s.slow for s in every) and any("/" in s.key for s in every)
+        reference = [timeline.Session(**{**s.__dict__, "slow": None}) for s in every]
+        _slow_by_definition(reference, rows)  # the flags from SQL's medians are the definition's
+        assert [s.slow for s in every] == [s.slow for s in reference]
+        assert timeline.slow_sessions(query, gap_s=gap_s) == [
+            {"session": s.key, "tool": s.tool, "why": s.slow} for s in every if s.slow]
         for count in (0, 1, 7, 40, len(every) + 5):
             total, page = timeline.newest(query, gap_s=gap_s, count=count)
             assert total == len(every)
@@ -281,6 +290,9 @@ async def test_sessions_flags_one_slow_among_concurrent_peers(sim: Simulator, tm
     assert found["crawl-1"].slow is not None and "TPOT" in found["crawl-1"].slow
     assert all(found[k].slow is None for k in ("ok-1", "ok-2", "ok-3"))
     assert "crawl-1 is slow" in cli("sessions", "--db", db)
+    paged = cli("sessions", "--db", db, "--limit", "2")  # the newest two, said so
+    assert "The newest 2 of 4 sessions in this window" in paged and paged.count("claude-code") == 2
+    assert "no sessions in this window" in cli("sessions", "--db", db, "--until", "2026-01-01")
 
 
 def test_peers_are_the_sessions_on_the_model_within_the_hour() -> None:
@@ -322,6 +334,88 @@ async def test_report_by_tool_name_counts_each_call_and_those_never_answered(sim
     spans = [sp for sp in session.spans if sp.kind == "tool"]
     assert [sp.end_s is None for sp in spans] == [False, True]
     assert group["p50_s"] == pytest.approx(spans[0].seconds, abs=1e-3)
+
+
+async def gemini_cli_turns(url: str, rounds: int) -> list[float]:
+    """Gemini CLI's shape: each answer a `functionCall` without an id, each result a `functionResponse` with
+    the id the CLI makes up (`lookup_<ms>_0`), the whole history sent each time; the last answer is text.
+    When each request was sent (monotonic)."""
+    path = "/v1beta/models/gemini-x:streamGenerateContent?alt=sse"
+    headers = {**FAST, "x-goog-api-key": "AIza-test-38", "user-agent": "GeminiCLI/0.61.0/gemini-x (linux; x64)"}
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "list the files " * 20}]}]
+    sent = []
+    async with aiohttp.ClientSession() as s:
+        for n in range(rounds + 1):
+            sent.append(time.monotonic())
+            tool = {"x-sim-tool-call": "1"} if n < rounds else {}
+            body = {"contents": contents, "tools": [{"functionDeclarations": [{"name": "lookup"}]}]}  # as the CLI
+            async with s.post(url + path, json=body, headers={**headers, **tool}) as r:
+                assert r.status == 200
+                await r.read()
+            if n < rounds:
+                await asyncio.sleep(0.05)  # the tool runs
+                made_up = f"lookup_{int(time.time() * 1000)}_0"
+                contents += [{"role": "model", "parts": [{"functionCall": {"name": "lookup", "args": {}}}]},
+                             {"role": "user", "parts": [{"functionResponse": {"id": made_up, "name": "lookup",
+                                                                              "response": {"output": "ok"}}}]}]
+    return sent
+
+
+async def test_gemini_cli_tool_runs_close_by_name_and_order(sim: Simulator, tmp_path: Path) -> None:
+    """#41: a call without an id pairs with the result whose made-up id is none of the calls', by name and
+    order in the session: two rounds of `lookup` close two spans, each at the request that carried its result."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        await gemini_cli_turns(p.url, rounds=2)
+        assert p.flush(10)
+    db = tmp_path / "llmtap.duckdb"
+    [s] = read_sessions(db)
+    con = duckdb.connect(str(db), read_only=True)
+    starts = [r[0] for r in con.execute("SELECT epoch(started_at) FROM requests ORDER BY started_at").fetchall()]
+    con.close()
+    tools = [sp for sp in s.spans if sp.kind == "tool"]
+    assert [sp.end_s for sp in tools] == [pytest.approx(starts[1], abs=1e-5), pytest.approx(starts[2], abs=1e-5)]
+    [group] = json.loads(cli("report", "--db", str(db), "--by", "tool_name", "--format", "json"))["groups"]
+    assert (group["tool_name"], group["runs"], group["open"]) == ("lookup", 2, 0)
+
+
+def test_a_tool_span_starts_where_its_own_block_ended() -> None:
+    """#39: the agent starts a tool when its block closes, while the response still streams."""
+    s = timeline.timeline([row("a", 0, 1, 0.5), row("b", 3, 1, 0.5)], {"a": [("Bash", 3, 0.6), ("Read", 3, 0.9)]})
+    [tool] = [sp for sp in s.spans if sp.kind == "tool"]
+    assert (tool.part, tool.start_s, tool.end_s) == ("Bash+Read", 0.6, 3)
+    assert s.totals.tools_s == {"Bash+Read": 2}  # the streaming stays the model's
+
+
+async def test_report_by_tool_name_counts_a_parallel_group_once(sim: Simulator, tmp_path: Path) -> None:
+    """#39: `Bash` and `Read` asked for together, their results back together: the wire cannot tell the
+    Read's own run from the Bash's, so neither is given the group's time; the group's wall counts once."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p, aiohttp.ClientSession() as s:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        headers = {**FAST, "x-claude-code-session-id": SESSION, "x-sim-tool-call": "1", "x-sim-tool-name": "Bash,Read"}
+        async with s.post(p.url + "/v1/messages", json=claude_body(history), headers=headers) as r:
+            body = await r.read()
+        calls = [orjson.loads(line[6:])["content_block"] for line in body.split(b"\n") if line.startswith(b"data: ")
+                 and orjson.loads(line[6:]).get("type") == "content_block_start"
+                 and orjson.loads(line[6:])["content_block"]["type"] == "tool_use"]
+        assert [c["name"] for c in calls] == ["Bash", "Read"]
+        await asyncio.sleep(TOOL_S)
+        history += [{"role": "assistant", "content": calls},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c["id"], "content": "ok"}
+                                                 for c in calls]}]
+        await turn(s, p.url, history, tool=False)
+        assert p.flush(10)
+    db = tmp_path / "llmtap.duckdb"
+    [session] = read_sessions(db)
+    [span] = [sp for sp in session.spans if sp.kind == "tool"]
+    groups = {g["tool_name"]: g for g in json.loads(cli("report", "--db", str(db), "--by", "tool_name",
+                                                          "--format", "json"))["groups"]}
+    assert set(groups) == {"Bash+Read", "Bash", "Read"}
+    assert (groups["Bash+Read"]["runs"], groups["Bash+Read"]["open"]) == (1, 0)
+    assert groups["Bash+Read"]["total_s"] == pytest.approx(span.seconds, abs=1e-3)
+    for name in ("Bash", "Read"):  # each call counted, its own run not known from the wire
+        assert (groups[name]["runs"], groups[name]["in_groups"], groups[name]["total_s"]) == (0, 1, 0)
+    assert sum(g["total_s"] for g in groups.values()) == pytest.approx(span.seconds, abs=1e-3)
+    assert "Bash+Read" in cli("report", "--db", str(db), "--by", "tool_name")
 
 
 async def test_the_html_report_draws_the_session_timeline(recorded: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
@@ -402,3 +496,48 @@ def test_slow_sessions_are_flagged_as_defined_however_many() -> None:
     _slow_by_definition(reference, rows)
     assert [s.slow for s in found] == [s.slow for s in reference]
     assert sum(s.slow is not None for s in found) > 10
+
+
+def _totals_by_definition(spans: list[timeline.Span], start: float, end: float) -> timeline.Totals:
+    """`totals` as its docstring says it, every span looked at for every stretch between edges: the reference."""
+    from collections import defaultdict
+
+    edges = sorted({start, end, *(s.start_s for s in spans), *(s.end_s for s in spans if s.end_s is not None)})
+    closed = [s for s in spans if s.end_s is not None]
+    out = timeline.Totals(wall_s=end - start)
+    tools: dict[str, float] = defaultdict(float)
+    for a, b in zip(edges, edges[1:]):
+        if b <= start or a >= end:
+            continue
+        active = [s for s in closed if s.start_s <= a and s.end_s >= b]
+        if not active:
+            out.other_s += b - a
+            continue
+        top = min(active, key=lambda s: (timeline.PRIORITY.index(s.part) if s.kind != "tool" else 2, s.start_s))
+        if top.part == "generating":
+            out.generating_s += b - a
+        elif top.part == "wait":
+            out.wait_s += b - a
+        elif top.kind == "tool":
+            tools[top.part] += b - a
+        else:
+            out.you_s += b - a
+    out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def test_the_totals_sweep_gives_the_definitions_figures_bit_for_bit() -> None:
+    """Overlapping model, tool (some open, some starting together) and you spans, ties and empty spans."""
+    import random
+
+    rng = random.Random(38)
+    for _ in range(200):
+        spans = []
+        for i in range(rng.randint(1, 40)):
+            start = round(rng.uniform(0, 100), rng.choice((0, 1, 3)))
+            end = None if rng.random() < 0.1 else start + round(rng.choice((0, rng.uniform(0, 30))), 2)
+            kind, part = rng.choice((("model", "wait"), ("model", "generating"), ("you", "you"), ("tool", "Bash"),
+                                     ("tool", "Read"), ("tool", "Bash+Read")))
+            spans.append(timeline.Span(kind, part, start, end if end is not None or kind == "tool" else start, str(i)))
+        start, end = rng.uniform(-5, 20), rng.uniform(50, 140)
+        assert timeline.totals(spans, start, end) == _totals_by_definition(spans, start, end)

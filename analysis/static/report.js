@@ -1,12 +1,131 @@
-// llmtap report: draws the chart specs embedded as JSON (see analysis/html/charts.py) with uPlot.
-// Text from the data only ever reaches the page through uPlot's legend (textContent) or canvas text.
+// llmtap's overview, the one renderer of `llmtap report --html` (its data embedded as JSON,
+// analysis/html/) and of the web UI's Overview (the same data from /_llmtap/api/overview): the KPIs,
+// the table per model, the charts (specs of analysis/html/charts.py, drawn with uPlot) and the errors.
+// Text from the data reaches the page only as text nodes (textContent), or through uPlot's legend and
+// canvas text; never as HTML.
 (function () {
   "use strict";
 
-  // The web UI's Overview (analysis/static/ui/app.js) calls it with the same payload, from its API.
-  window.llmtapDrawCharts = draw_all;
-  var embedded = document.getElementById("llmtap-data");
-  if (embedded) draw_all(JSON.parse(embedded.textContent));
+  // -- the page: the data's text as text nodes ----------------------------------------------------------
+
+  function el(tag, cls, children) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    [].concat(children == null ? [] : children).forEach(function (c) {
+      if (c != null) node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+    });
+    return node;
+  }
+
+  var DASH = "\u2013";
+  function fixed(v, digits) { return v.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }); }
+  function ms(v) { return v == null ? DASH : Math.abs(v) >= 100 ? fixed(v, 0) : v.toFixed(Math.abs(v) >= 10 ? 1 : 2); }
+  function count(v) { return v == null ? DASH : fixed(v, 0); }
+  function pct(v) { return v == null ? DASH : (v >= 0.1 || v === 0 ? v.toFixed(1) : v.toFixed(2)) + "%"; }
+  function rate(v) { return v == null ? DASH : fixed(v, 1); }
+  function tokens(v) {  // 950, 12.3k, 4.56M, 1.2B
+    if (v == null) return DASH;
+    var units = [[1e9, "B"], [1e6, "M"], [1e3, "k"]];
+    for (var i = 0; i < units.length; i++) {
+      var scaled = v / units[i][0];
+      if (Math.abs(scaled) >= 1) return (scaled < 1000 ? +scaled.toPrecision(3) : fixed(scaled, 0)) + units[i][1];
+    }
+    return fixed(v, 0);
+  }
+  function span(seconds) {  // the two largest units: 3 d 4 h, 5 h 12 min, 42 s
+    var left = Math.round(seconds), parts = [];
+    [["d", 86400], ["h", 3600], ["min", 60], ["s", 1]].forEach(function (u) {
+      if (left >= u[1] || (u[0] === "s" && !parts.length)) { parts.push(Math.floor(left / u[1]) + " " + u[0]); left %= u[1]; }
+    });
+    return parts.slice(0, 2).join(" ");
+  }
+  function stamp(seconds) { return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19); }
+
+  var NEGATIVE = "* negative: TTFT did not grow with input here (prompt caching, or too little spread in" +
+    " input sizes); not a prefill cost.";
+  var SUMMARY_HEAD = [["Model", ""], ["Requests", ""], ["Errors", ""], ["TTFT p50", "ms"], ["p90", "ms"], ["p99", "ms"],
+    ["TPOT p50", "ms"], ["p99", "ms"], ["E2E p50", "ms"], ["p99", "ms"], ["Tokens/s", "median"],
+    ["Prefill", "ms / 1k in"], ["Input", "tokens"], ["Output", "tokens"]];
+  var ERROR_HEAD = ["Outcome", "Status", "Error type", "Requests", "Share", "Models", "Example message"];
+
+  function table(cls, head, rows) {
+    return el("div", "scroll", el("table", cls, [el("thead", null, el("tr", null, head)), el("tbody", null, rows)]));
+  }
+
+  function cell(value, text) {
+    var td = el("td", null, text);
+    td.setAttribute("data-value", value == null ? "" : String(value));
+    return td;
+  }
+
+  function kpis(t) {
+    var items = [["Requests", count(t.requests)], ["Errors", count(t.errors) + " (" + pct(100 * t.errors / t.requests) + ")"],
+      ["Models", count(t.models)], ["Input tokens", tokens(t.input_tokens)], ["Output tokens", tokens(t.output_tokens)]];
+    return el("section", "head", [
+      t.first_s == null ? null : el("p", "range", stamp(t.first_s) + " \u2192 " + stamp(t.last_s) + " UTC (" + span(t.last_s - t.first_s) + ")"),
+      el("div", "kpis", items.map(function (k) { return el("div", "kpi", [el("b", null, k[1]), el("span", null, k[0])]); }))]);
+  }
+
+  function summary(rows, palette) {
+    var body = rows.map(function (r, i) {
+      var name = el("th", null, r.model == null ? "All models" : [el("span", "swatch"), r.model]);
+      if (r.model != null) name.firstChild.style.background = i < palette.colors.length ? palette.colors[i] : palette.other;
+      name.setAttribute("scope", "row");
+      var q = function (key, n) { return r[key] ? r[key][n] : null; };
+      var slope = r.ttft_ms_per_1k_input;
+      var prefill = cell(slope, ms(slope) + (slope < 0 ? "*" : ""));
+      if (slope < 0) prefill.title = NEGATIVE;
+      var tr = el("tr", r.model == null ? "total" : null, [name, cell(r.requests, count(r.requests)), cell(r.error_pct, pct(r.error_pct)),
+        cell(q("ttft_ms", 0), ms(q("ttft_ms", 0))), cell(q("ttft_ms", 1), ms(q("ttft_ms", 1))), cell(q("ttft_ms", 2), ms(q("ttft_ms", 2))),
+        cell(q("tpot_ms", 0), ms(q("tpot_ms", 0))), cell(q("tpot_ms", 1), ms(q("tpot_ms", 1))),
+        cell(q("e2e_ms", 0), ms(q("e2e_ms", 0))), cell(q("e2e_ms", 1), ms(q("e2e_ms", 1))),
+        cell(r.tokens_per_s, rate(r.tokens_per_s)), prefill, cell(r.input_tokens, tokens(r.input_tokens)),
+        cell(r.output_tokens, tokens(r.output_tokens))]);
+      tr.setAttribute("data-model", r.model == null ? "" : r.model);
+      return tr;
+    });
+    var negative = rows.some(function (r) { return r.ttft_ms_per_1k_input < 0; });
+    return el("section", "panel", [el("h2", null, "Per model"),
+      el("p", "note", "Latencies and tokens/s over successful requests (TTFT over streams); errors are every outcome" +
+        " but ok; prefill is the TTFT slope against input tokens." + (negative ? " " + NEGATIVE : "")),
+      table("summary num", SUMMARY_HEAD.map(function (c) { return el("th", null, [c[0], el("small", null, c[1])]); }), body)]);
+  }
+
+  function errors(rows, total) {
+    if (!rows.length) return null;
+    return el("section", "panel", [el("h2", null, "Errors"), table("errors", ERROR_HEAD.map(function (c) { return el("th", null, c); }),
+      rows.map(function (r) {
+        return el("tr", null, [cell(r.outcome, r.outcome), cell(r.status, r.status == null ? "" : r.status),
+          cell(r.error_type, r.error_type || ""), cell(r.n, count(r.n)), cell(null, pct(100 * r.n / total)),
+          cell(r.models, r.models), el("td", "msg", r.example || "")]);
+      }))]);
+  }
+
+  function card(chart) {
+    var inner = chart.series.length ? el("div", "chart") : el("div", "empty", "No data for this chart in this selection.");
+    inner.id = chart.series.length ? "chart-" + chart.id : "";
+    return el("figure", "card", [el("figcaption", null, [el("h2", null, chart.title), chart.note ? el("p", "note", chart.note) : null]), inner]);
+  }
+
+  // Fills `root` (keeping what is in it, the report file's extra panels, after the table per model) and
+  // draws the charts; returns the uPlot charts drawn.
+  function overview(root, d) {
+    var t = d.totals, first = root.firstChild;
+    if (!t.requests) {
+      root.appendChild(el("section", "panel nothing", [el("h2", null, "No requests match this selection"), el("p", null,
+        d.filtered ? "No recorded request matches the filter: widen the time window or drop a filter."
+          : "The database has no requests yet: send some traffic through llmtap serve.")]));
+      return draw_all({ palette: d.palette, other: d.other, charts: [] });
+    }
+    root.insertBefore(kpis(t), first);
+    root.insertBefore(summary(d.summary, { colors: d.palette, other: d.other }), first);
+    root.appendChild(el("section", "grid", d.charts.map(card)));
+    var errs = errors(d.error_table, t.requests);
+    if (errs) root.appendChild(errs);
+    return draw_all({ palette: d.palette, other: d.other, charts: d.charts.filter(function (c) { return c.series.length; }) });
+  }
+
+  // -- the charts ------------------------------------------------------------------------------------------
 
   function draw_all(payload) {
   var HEIGHT = 300;
@@ -260,4 +379,8 @@
   });
     return plots;
   }
+
+  window.llmtapOverview = overview;  // the web UI's Overview (analysis/static/ui/app.js)
+  var embedded = document.getElementById("llmtap-data");  // the report file
+  if (embedded) overview(document.getElementById("overview"), JSON.parse(embedded.textContent));
 })();

@@ -10,7 +10,8 @@ Every figure comes from the function the CLI prints it from, so the page shows w
 - `request/<id>`: `show`'s request and chunks, its waterfall (the breakdown's parts,
   analysis/breakdown.py), its rate-limit headroom, its error's diagnosis (analysis/diagnose.py),
   its captured bodies;
-- `report`: `report --format json`; `overview`: the HTML report's data and charts (analysis/html/);
+- `report`: `report --format json`; `overview`: the HTML report's data and charts (analysis/html/), drawn
+  by the report's own renderer (static/report.js);
 - `sessions`, `session/<key>`: `sessions` / `session KEY --format json` (analysis/timeline.py);
 - `compare`: `compare --by COLUMN A B --format json` (analysis/compare.py);
 - `facets`: the values the filters offer.
@@ -200,16 +201,13 @@ def report(query: Query, params: Params, rest: str) -> Answer:
 
 
 def overview(query: Query, params: Params, rest: str) -> Answer:
-    """The HTML report's figures: its totals, summary per model and chart specs (analysis/html/)."""
+    """The HTML report's figures, as its file embeds them for the same renderer (analysis/html/)."""
     from analysis.html.charts import build_charts
-    from analysis.html.page import OTHER, PALETTE
+    from analysis.html.page import overview_data
     from analysis.html.queries import fetch_report_data
 
-    filters = filters_of(params, kinds=("generation",))
-    data = fetch_report_data(query, filters.where())
-    charts = build_charts(data) if data["totals"]["requests"] else []
-    return dump({"totals": data["totals"], "summary": data.get("summary", []), "error_table": data.get("error_table", []),
-                 "charts": charts, "palette": PALETTE, "other": OTHER})
+    data = fetch_report_data(query, filters_of(params, kinds=("generation",)).where())
+    return dump(overview_data(data, build_charts(data) if data["totals"]["requests"] else [], filtered=True))
 
 
 def _gap_s(params: Params) -> float:

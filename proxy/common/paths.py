@@ -34,3 +34,8 @@ def state_dir() -> Path:
 def client_key_path() -> Path:
     """llmtap's own client key, which clients present where a route injects the upstream key."""
     return data_dir() / "client-key"
+
+
+def telemetry_token_path() -> Path:
+    """The token the agents' OpenTelemetry exports carry to llmtap (proxy/relay/otlp.py)."""
+    return data_dir() / "telemetry-token"

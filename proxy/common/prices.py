@@ -294,6 +294,17 @@ def row_cost(row: Mapping[str, Any]) -> float | None:
     return cost * markup(get("route")) if cost is not None and _markup else cost
 
 
+def fmt_usd(usd: float | None) -> str:
+    """12.345 -> '$12.35', 0.161 -> '$0.16', 0.00051 -> '$0.0005', 1234.5 -> '$1235'; None -> '-'."""
+    if usd is None:
+        return "-"
+    if usd == 0:
+        return "$0"
+    if abs(usd) < 0.01:
+        return f"${usd:.1g}" if abs(usd) >= 1e-4 else "<$0.0001"
+    return f"${usd:.2f}" if abs(usd) < 100 else f"${usd:.0f}"
+
+
 def _num(x: float) -> str:
     return repr(float(x))
 

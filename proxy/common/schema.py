@@ -2,7 +2,8 @@
 
 `REQUEST_COLUMNS` is the `requests` table, one row per request that reached the
 proxy; `CHUNK_COLUMNS` is the `chunks` table, one row per output event of a
-stream; `BODY_COLUMNS` is the `bodies` table (filled with `--capture-bodies` only).
+stream; `BODY_COLUMNS` is the `bodies` table (filled with `--capture-bodies` only);
+`AGENT_EVENT_COLUMNS` is the `agent_events` table (the agents' own telemetry).
 Durations are milliseconds from the request's arrival at the proxy
 (monotonic clock); `started_at` is the only wall-clock value (UTC).
 docs/columns.md defines each one; tests/test_docs.py keeps the two in step.
@@ -120,9 +121,13 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("upstream_processing_source", "VARCHAR"),
     ("upstream_engine_ttft_ms", "DOUBLE"),
     ("upstream_overhead_ms", "DOUBLE"),
+    # the client's own version and mode, as its User-Agent states them (m011; proxy/meter/clients.py):
+    # `tool` is the name alone
+    ("tool_version", "VARCHAR"),
+    ("tool_mode", "VARCHAR"),
 )
 
-KINDS = ("generation", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
+KINDS = ("generation", "side", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
 
 CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "VARCHAR"),
@@ -139,6 +144,34 @@ BODY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("response_body", "VARCHAR"),
     ("request_truncated", "BOOLEAN"),
     ("response_truncated", "BOOLEAN"),
+)
+
+# `agent_events`: what the agents themselves report over OpenTelemetry (proxy/relay/otlp.py), one row per
+# event the timeline uses, its attributes by an allow-list (proxy/meter/agent_events.py): never content.
+AGENT_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("received_at", "TIMESTAMPTZ"),
+    ("event_at", "TIMESTAMPTZ"),
+    ("source", "VARCHAR"),
+    ("source_version", "VARCHAR"),
+    ("session_id", "VARCHAR"),
+    ("event_name", "VARCHAR"),
+    ("sequence", "BIGINT"),
+    ("prompt_id", "VARCHAR"),
+    ("tool_name", "VARCHAR"),
+    ("call_id", "VARCHAR"),
+    ("decision", "VARCHAR"),
+    ("decision_source", "VARCHAR"),
+    ("duration_ms", "DOUBLE"),
+    ("ttft_ms", "DOUBLE"),
+    ("success", "BOOLEAN"),
+    ("model", "VARCHAR"),
+    ("request_id", "VARCHAR"),
+    ("attempt", "INTEGER"),
+    ("status_code", "INTEGER"),
+    ("input_tokens", "BIGINT"),
+    ("output_tokens", "BIGINT"),
+    ("span_id", "VARCHAR"),
+    ("parent_span_id", "VARCHAR"),
 )
 
 REQUEST_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in REQUEST_COLUMNS)
@@ -167,5 +200,6 @@ def create_tables_sql() -> str:
     """DDL for the current schema (tests and fixtures; the store uses migrations)."""
     return "\n".join(
         f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{n} {t}' for n, t in cols)});"
-        for table, cols in (("requests", REQUEST_COLUMNS), ("chunks", CHUNK_COLUMNS), ("bodies", BODY_COLUMNS))
+        for table, cols in (("requests", REQUEST_COLUMNS), ("chunks", CHUNK_COLUMNS), ("bodies", BODY_COLUMNS),
+                            ("agent_events", AGENT_EVENT_COLUMNS))
     )

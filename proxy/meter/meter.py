@@ -39,6 +39,7 @@ from multidict import CIMultiDictProxy
 
 from proxy.meter.clients import tool_from_headers
 from proxy.meter.connection_marks import ConnectionMarks
+from proxy.meter.conversations import inferred_session
 from proxy.meter.decode import DecodeError, StreamDecoder
 from proxy.meter.dialects.base import Dialect
 from proxy.meter.dialects.detect import detect_dialect
@@ -510,13 +511,13 @@ class Meter:
                         times[0] if times else None, len(times) + self._over, tokens)
 
     def request_labels(self) -> RequestLabels:
-        """The request's model, tool and session: the tool from its headers, the rest from its body
-        once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
+        """The request's model, tool and session: the tool from its headers (aider's from its body), the rest
+        from its body once read whole (`Snapshot.request_read`), which this parses each call (callers keep it)."""
         tool = tool_from_headers(self.headers)
         if self.request_bytes is None:
             return RequestLabels(None, tool, None)
         info = parse_request(self.path, self.headers, self.request_body, method=self.method)
-        return RequestLabels(info.request_model, tool, info.session_id)
+        return RequestLabels(info.request_model, info.client.tool, info.session_id)  # aider: from its prompt
 
     # -- the row ----------------------------------------------------------------
 
@@ -572,7 +573,7 @@ class Meter:
             "method": self.method,
             "path": self.path,
             "dialect": d.name,
-            "tool": tool_from_headers(h),
+            "tool": info.client.tool,
             "user_agent": h.get("user-agent"),
             "tag": self.tag,
             "key_fingerprint": secret_fingerprint(self.credential) if self.credential else key_fingerprint(h, self.query),
@@ -627,8 +628,12 @@ class Meter:
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
             "project": info.project,
+            "tool_version": info.client.version,
+            "tool_mode": info.client.mode,
             **told_timing,
         }
+        if row["session_id"] is None:
+            row["session_id"] = inferred_session(row, info.head)
         bounds.text_checked(row)
         return row, self._chunk_rows()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -19,7 +19,8 @@ from proxy.meter.dialects.base import Dialect
 from proxy.meter.dialects.detect import detect_dialect
 from proxy.meter.dialects.gemini import Gemini
 from proxy.common.headers import header_getter
-from proxy.meter.request_kind import request_kind
+from proxy.meter.clients import Client, client_of
+from proxy.meter.request_kind import GENERATION, SIDE, request_kind, side_request
 
 MAX_DECODED_BYTES = 64 * 1024 * 1024
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
@@ -32,15 +33,22 @@ _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 # so itself and nowhere a file's text can be (docs/columns.md `project`):
 # - Claude Code: its system prompt's `<env>` block, `Working directory: /p` (`Primary working directory:`);
 # - Codex: the `<environment_context>` message it puts first in `input`, `<cwd>/p</cwd>`;
-# - Cline: its system prompt's `<env>` block, `4. Working Directory: /p`.
+# - Cline: its system prompt's `<env>` block, `4. Working Directory: /p`;
+# - opencode: its system prompt's `<env>` block, `Working directory: /p`;
+# - Gemini CLI: the `<session_context>` block it opens `contents` with, `- **Workspace Directories:**`
+#   then `  - /p` (the first one);
+# - Qwen Code: the `<system-reminder>` block of its first user message, `I'm currently working in the
+#   directory: /p`.
 # Only the system prompt (Anthropic `system`, `system`/`developer` messages of Chat Completions and
-# Responses, Responses `instructions`) and Codex's own block are read: never user messages, tool
-# results or files.
+# Responses, Responses `instructions`) and the CLIs' own blocks (a text that opens with their tag) are
+# read: never what a person typed, tool results or files.
 # `…orking directory:` / `…orking Directory:` found with str.find (a regex over a 20 KB system prompt
 # costs ~1 ms, str.find ~microseconds), then the value read after it
 _CWD_NEEDLES = ("orking directory:", "orking Directory:")
 _CWD_VALUE = re.compile(r"[ \t]*([^\r\n]{1,4096})")
 _CODEX_CWD = re.compile(r"<cwd>([^<\r\n]{1,4096})</cwd>")
+_CONTEXT_CWD = re.compile(r"(?:\*\*Workspace Directories:\*\*\s*-|working in the directory:)[ \t]*([^\r\n]{1,4096})")
+_CONTEXT_TAGS = ("<session_context>", "<system-reminder>")  # Gemini CLI's, Qwen Code's
 PROJECT_MAX = 200  # characters of the component kept
 _SCAN_ITEMS = 8  # system blocks / messages / input items looked at, from the start
 _SCAN_CHARS = 200_000  # of each text: the system prompts are tens of KB
@@ -63,6 +71,10 @@ class RequestInfo:
     # (the `tool_results` column; the dialect reads its API's shape)
     tool_results: list[dict[str, str | None]] | None = None
     project: str | None = None  # the last component of the tool's working directory (project_of)
+    # the tool, its version and mode (proxy/meter/clients.py), and a hash of the conversation's first
+    # message (_head); not compared: they are what the headers and the body already are
+    client: Client = field(default=Client(None), compare=False)
+    head: int | None = field(default=None, compare=False)
 
 
 def parse_request(
@@ -80,7 +92,10 @@ def parse_request(
             info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
         _tool_results(info, path, obj)
     info.session_id = _header_session(get) or info.session_id
+    info.client = client_of(headers, obj)
     info.kind = request_kind(method or "POST", path, get, obj)
+    if info.kind == GENERATION and side_request(info.client.tool, obj):
+        info.kind = SIDE
     return info
 
 
@@ -140,6 +155,7 @@ def _from_body(info: RequestInfo, obj: dict[str, Any]) -> None:
     info.message_count = _message_count(obj)
     info.session_id = _metadata_session(obj.get("metadata"))
     info.project = project_of(obj)
+    info.head = _head(obj)
 
 
 def project_of(obj: dict[str, Any]) -> str | None:
@@ -155,6 +171,31 @@ def project_of(obj: dict[str, Any]) -> str | None:
             if text.lstrip()[:21] == "<environment_context>":
                 match = _CODEX_CWD.search(text, 0, _SCAN_CHARS)
                 return _last_component(match.group(1)) if match else None
+    for text in _first_user_texts(obj):  # Gemini CLI, Qwen Code: their context block
+        if text.lstrip().startswith(_CONTEXT_TAGS):
+            match = _CONTEXT_CWD.search(text, 0, _SCAN_CHARS)
+            if match:
+                return _last_component(match.group(1))
+    return None
+
+
+def _first_user_texts(obj: dict[str, Any]) -> list[str]:
+    """The texts of the first user message of `messages` (Chat Completions) or `contents` (Gemini)."""
+    for message in _items(obj.get("messages")) + _items(obj.get("contents")):
+        if message.get("role") == "user":
+            return _texts(message.get("content")) or _texts(message.get("parts"))
+    return []
+
+
+def _head(obj: dict[str, Any]) -> int | None:
+    """A hash of the first message that is not the system prompt (its first 4 KB): the same through one
+    conversation, another when a new one starts (proxy/meter/conversations.py)."""
+    for key in ("messages", "contents", "input"):
+        for message in _items(obj.get(key)):
+            if message.get("role") not in ("system", "developer"):
+                return hash(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)[:4096])
+        if isinstance(obj.get(key), str):
+            return hash(obj[key][:4096])
     return None
 
 

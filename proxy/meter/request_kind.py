@@ -14,6 +14,12 @@ says it in its `x-codex-turn-metadata` header (JSON, `"request_kind": "turn"`).
 - `probe`: `HEAD` or `OPTIONS` anything (Claude Code's `HEAD /` warm-up), `GET /`.
 - `prewarm`: a WebSocket `response.create` with `"generate": false` (Codex warms
   the connection before the turn; the answer carries no output).
+- `side`: a generation an agent makes beside its turns, to itself rather than for the person: one that
+  declares no tools from an agent whose turns always do (opencode's title request, Qwen Code's and Gemini
+  CLI's summaries and checks), or Gemini's `responseMimeType: application/json` (Gemini CLI's
+  next-speaker and routing checks). Only for those agents (`SIDE_AGENTS`): aider declares no tools at
+  all, an SDK script's tool-less call is its own work. Not a turn: sessions leave it out; the GenAI
+  metrics, OpenTelemetry and the costs of `llmtap run` and the live feed count it with the generations.
 - `other`: everything else (Codex's `/responses/compact`, retrieving a stored
   response, a refused WebSocket upgrade, unknown paths).
 
@@ -31,9 +37,12 @@ import orjson
 
 from proxy.common.schema import KINDS
 
-__all__ = ["GENERATION", "KINDS", "path_kind", "path_kind_sql", "request_kind"]
+__all__ = ["GENERATION", "KINDS", "SIDE", "path_kind", "path_kind_sql", "request_kind", "side_request"]
 
 GENERATION = "generation"
+SIDE = "side"
+# agents whose every turn declares tools (real-clis.md), so a generation without any is a side request
+SIDE_AGENTS = frozenset({"gemini-cli", "opencode", "qwen-code"})
 
 _TOKEN_COUNT = ("/messages/count_tokens", "/responses/input_tokens", ":counttokens")
 _EMBEDDING = ("/embeddings", ":embedcontent", ":batchembedcontents")
@@ -78,6 +87,16 @@ def request_kind(method: str, path: str, get: Callable[..., Any], body: Any) -> 
         if said is not None and method.upper() == "POST":
             return said
     return kind
+
+
+def side_request(tool: str | None, body: Any) -> bool:
+    """A generation an agent sends beside its turns (module docstring: `side`)."""
+    if tool not in SIDE_AGENTS or not isinstance(body, dict):
+        return False
+    if not body.get("tools"):
+        return True
+    config = body.get("generationConfig")
+    return isinstance(config, dict) and config.get("responseMimeType") == "application/json"
 
 
 def _codex_kind(metadata: str | None) -> str | None:

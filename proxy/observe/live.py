@@ -79,6 +79,13 @@ class LiveFeed:
         self.finished_dropped = 0
         self.labels: dict[str, Labels] = {}  # by meter id: parsed once per request
         self.task: asyncio.Task[None] | None = None
+        self.closed = False  # the server is stopping: every stream ends
+
+    def close(self) -> None:
+        """End every viewer's stream now, rather than hold the server's shutdown for its timeout."""
+        self.closed = True
+        for viewer in self.viewers:
+            viewer.ready.set()
 
     def __call__(self, finished: Finished) -> None:
         """A finished request (the recorder's observer): keep a reference to its row until the next tick."""
@@ -173,7 +180,7 @@ def _entry(snap: Snapshot, labels: Labels, now_ns: int) -> dict[str, Any]:
 
 def finished_entry(row: dict[str, Any]) -> dict[str, Any]:
     entry = {name: row.get(name) for name in FINISHED_FIELDS}
-    if row.get("kind") in ("generation", None):
+    if row.get("kind") in ("generation", "side", None):
         entry["cost_usd"] = row_cost(row)  # as the views' cost_usd: the row itself has no price
     started = row.get("started_at")
     entry["started"] = started.timestamp() if started is not None else None
@@ -193,14 +200,11 @@ def frame(dropped: int, tick: bytes) -> bytes:
     return b'event: tick\ndata: {"dropped":%d,' % dropped + tick[1:] + b"\n\n"
 
 
-def _shutting_down(request: web.Request) -> bool:
-    """The server is stopping: end the stream rather than hold shutdown for its timeout.
-
-    aiohttp marks each connection closing (RequestHandler._close) before it
-    waits for running handlers; there is no public hook once the app is frozen.
-    """
-    protocol = request.protocol
-    return bool(getattr(protocol, "_close", False) or getattr(protocol, "_force_close", False))
+def end_streams(recorder: Recorder) -> None:
+    """The server is stopping (admin.end_live_streams): the feed's streams end."""
+    for observer in recorder.observers:
+        if isinstance(observer, LiveFeed):
+            observer.close()
 
 
 async def stream(request: web.Request, feed: LiveFeed) -> web.StreamResponse:
@@ -211,7 +215,7 @@ async def stream(request: web.Request, feed: LiveFeed) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         await response.write(b": llmtap live feed, one tick every %.0f ms\n\n" % (feed.tick_s * 1000))
-        while not _shutting_down(request):
+        while not feed.closed:
             await viewer.ready.wait()
             for tick in viewer.take():
                 await response.write(frame(viewer.dropped, tick))

@@ -9,7 +9,7 @@ open-telemetry/semantic-conventions-genai's main branch (no release since
 v1.41.0 of open-telemetry/semantic-conventions; docs/gen-ai/client-inference.md,
 gen-ai-token-metrics.md, client-embeddings.md and non-normative/migration.md),
 named as an OpenTelemetry-to-Prometheus exporter names them, with the advised
-buckets (`names="current"`, the default):
+buckets:
 
 - `gen_ai_client_inference_duration_seconds`: e2e of a generation;
   `gen_ai_client_embeddings_duration_seconds`: of an embedding
@@ -25,15 +25,7 @@ buckets (`names="current"`, the default):
 - histograms `gen_ai_client_inference_operation_{input,output}_tokens` per
   generation, `gen_ai_client_embeddings_operation_input_tokens` per embedding
 
-`names="legacy"` (`serve --metrics-names legacy`, for dashboards built on them,
-kept for one release) emits the names of v1.41.0 instead:
-`gen_ai_client_operation_duration_seconds` (generations and embeddings),
-`gen_ai_client_operation_time_to_first_chunk_seconds`,
-`gen_ai_client_operation_time_per_output_chunk_seconds` and
-`gen_ai_client_token_usage` by `gen_ai_token_type` (`input`, `output`, and
-`cache_read`, an llmtap extension).
-
-llmtap extensions, in both: `llmtap_client_inference_upstream_processing_duration_seconds`, the
+llmtap extensions: `llmtap_client_inference_upstream_processing_duration_seconds`, the
 time the upstream says it spent on a generation (`upstream_processing_ms`: proxy/meter/upstream_timing.py),
 `llmtap_client_inference_cost_usd_total`, the
 list price of the generations' tokens (proxy/common/prices.py, from genai-prices; a
@@ -70,15 +62,13 @@ from proxy.common.prices import SUBSCRIPTION_KINDS, load as load_prices, row_cos
 DURATION_BUCKETS = tuple(round(0.01 * 2**k, 2) for k in range(14))
 TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
-GENAI_KINDS = frozenset({"generation", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
-TOKEN_TYPES = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"))
+GENAI_KINDS = frozenset({"generation", "side", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
 # The current usage counters: (name part, row column), all with gen_ai_token_modality="unknown"
 USAGE_COUNTERS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
                   ("cache_read_input_tokens", "cache_read_tokens"),
                   ("cache_write_input_tokens", "cache_creation_tokens"),
                   ("reasoning_output_tokens", "reasoning_tokens"))
 MODALITY = "unknown"
-METRICS_NAMES = ("current", "legacy")
 LIMIT_GAUGES = (("remaining_requests", "ratelimit_requests_remaining"), ("limit_requests", "ratelimit_requests_limit"),
                 ("remaining_tokens", "ratelimit_tokens_remaining"), ("limit_tokens", "ratelimit_tokens_limit"))
 OTHER, NONE = "other", "none"
@@ -195,8 +185,8 @@ class _Series(NamedTuple):
     duration: list[float]
     ttft: list[float]
     tpot: list[float]
-    tokens: tuple[list[float], ...]  # legacy: by TOKEN_TYPES; current: by USAGE_COUNTERS
-    embed_duration: list[float]  # current names only (legacy: embeddings are in `duration`)
+    tokens: tuple[list[float], ...]  # by USAGE_COUNTERS
+    embed_duration: list[float]
     input_hist: list[float]
     output_hist: list[float]
     embed_input_hist: list[float]
@@ -206,26 +196,19 @@ class _Series(NamedTuple):
 
 class PrometheusMetrics:
     def __init__(self, max_label_values: int = 50, store_stats: StoreStats | None = None,
-                 loop_lag: LoopLagSummary | None = None, names: str = "current") -> None:
-        if names not in METRICS_NAMES:
-            raise ValueError(f"metrics names are {' or '.join(METRICS_NAMES)}, not {names!r}")
-        self.legacy = names == "legacy"
+                 loop_lag: LoopLagSummary | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.bounded = {name: BoundedLabel(max_label_values) for name in ("route", "model", "tool", "key", "upstream")}
         self.observe_errors = 0
-        op = "operation" if self.legacy else "inference"
-        self.duration = LabeledHistogram(f"gen_ai_client_{op}_duration_seconds",
+        self.duration = LabeledHistogram("gen_ai_client_inference_duration_seconds",
                                          "End-to-end duration of the request, as seen by llmtap (e2e_ms).",
                                          LABELS, DURATION_BUCKETS)
-        self.ttft = LabeledHistogram(f"gen_ai_client_{op}_time_to_first_chunk_seconds",
+        self.ttft = LabeledHistogram("gen_ai_client_inference_time_to_first_chunk_seconds",
                                      "Time to the first output event of a stream (ttft_ms).",
                                      LABELS, DURATION_BUCKETS)
-        self.tpot = LabeledHistogram(f"gen_ai_client_{op}_time_per_output_chunk_seconds",
+        self.tpot = LabeledHistogram("gen_ai_client_inference_time_per_output_chunk_seconds",
                                      "Per-request time per output token (tpot_ms): one sample per request.",
                                      LABELS, DURATION_BUCKETS)
-        self.tokens = LabeledHistogram("gen_ai_client_token_usage",
-                                       "Tokens per request by gen_ai_token_type (input, output, cache_read).",
-                                       (*LABELS, "gen_ai_token_type"), TOKEN_BUCKETS)
         self.usage = tuple(TouchedCounter(f"gen_ai_client_inference_usage_{part}",
                                           f"Tokens used by generations ({column}).", (*LABELS, "gen_ai_token_modality"))
                            for part, column in USAGE_COUNTERS)
@@ -272,36 +255,28 @@ class PrometheusMetrics:
         if kind not in GENAI_KINDS:
             return
         e2e, ttft, tpot = get("e2e_ms"), get("ttft_ms"), get("tpot_ms")
-        if self.legacy:
-            if e2e is not None:
-                add(DURATION_BUCKETS, series.duration, e2e / 1000.0)
-            for (_, column), token_series in zip(TOKEN_TYPES, series.tokens):
-                value = get(column)
-                if value is not None:
-                    add(TOKEN_BUCKETS, token_series, value)
-        elif kind == "embedding":
+        if kind == "embedding":
             if e2e is not None:
                 add(DURATION_BUCKETS, series.embed_duration, e2e / 1000.0)
             if (value := get("input_tokens")) is not None:
                 add(TOKEN_BUCKETS, series.embed_input_hist, value)
             return
-        else:
-            if e2e is not None:
-                add(DURATION_BUCKETS, series.duration, e2e / 1000.0)
-            for (_, column), counter in zip(USAGE_COUNTERS, series.tokens):
-                counter[0] += get(column) or 0
-                counter[1] = 1.0
-            if (value := get("input_tokens")) is not None:
-                add(TOKEN_BUCKETS, series.input_hist, value)
-            if (value := get("output_tokens")) is not None:
-                add(TOKEN_BUCKETS, series.output_hist, value)
+        if e2e is not None:
+            add(DURATION_BUCKETS, series.duration, e2e / 1000.0)
+        for (_, column), counter in zip(USAGE_COUNTERS, series.tokens):
+            counter[0] += get(column) or 0
+            counter[1] = 1.0
+        if (value := get("input_tokens")) is not None:
+            add(TOKEN_BUCKETS, series.input_hist, value)
+        if (value := get("output_tokens")) is not None:
+            add(TOKEN_BUCKETS, series.output_hist, value)
         if ttft is not None and get("stream"):
             add(DURATION_BUCKETS, series.ttft, ttft / 1000.0)
         if tpot is not None:
             add(DURATION_BUCKETS, series.tpot, tpot / 1000.0)
         if (stated := get("upstream_processing_ms")) is not None:
             add(DURATION_BUCKETS, series.processing, stated / 1000.0)
-        if kind != "embedding" and (cost := row_cost(row)):
+        if cost := row_cost(row):
             series.cost[get("credential_kind") in SUBSCRIPTION_KINDS][0] += cost
 
     def _limits(self, get: Callable[[str], Any]) -> None:
@@ -325,8 +300,7 @@ class PrometheusMetrics:
         route, model, tool, status, outcome = key
         bounded = self.bounded
         labels = (bounded["route"](route), bounded["model"](model), bounded["tool"](tool), status_class(status))
-        tokens = (tuple(self.tokens.get((*labels, token_type)) for token_type, _ in TOKEN_TYPES) if self.legacy
-                  else tuple(counter.get((*labels, MODALITY)) for counter in self.usage))
+        tokens = tuple(counter.get((*labels, MODALITY)) for counter in self.usage)
         series = self._series[key] = _Series(
             self.requests.get((*labels, outcome or NONE)), self.duration.get(labels), self.ttft.get(labels),
             self.tpot.get(labels), tokens, self.embed_duration.get(labels), self.input_hist.get(labels),
@@ -336,12 +310,10 @@ class PrometheusMetrics:
         return series
 
     def collect(self) -> Iterator[Metric]:
-        if self.legacy:
-            instruments: tuple[Any, ...] = (self.duration, self.ttft, self.tpot, self.tokens)
-        else:
-            instruments = (self.duration, self.embed_duration, self.ttft, self.tpot, *self.usage, self.input_hist,
-                           self.output_hist, self.embed_input_hist)
-        for metric in (*instruments, self.processing, self.cost, self.requests):
+        instruments: tuple[LabeledHistogram | LabeledCounter, ...] = (
+            self.duration, self.embed_duration, self.ttft, self.tpot, *self.usage, self.input_hist,
+            self.output_hist, self.embed_input_hist, self.processing, self.cost, self.requests)
+        for metric in instruments:
             yield metric.collect()
         yield from self._limit_gauges()
 

@@ -17,9 +17,7 @@ Gemini), an embedding `embeddings`; the other kinds have no GenAI operation
 (token counts, probes, model lists, Codex's prewarm) and get a plain HTTP
 client span named after the method, and no GenAI metrics. `gen_ai.provider.name` comes from the dialect (an
 OpenAI-compatible local server is reported as `openai`). Like the Prometheus
-metrics, `time_per_output_chunk` gets one sample per request (its TPOT), and
-token usage has an extra `gen_ai.token.type` = `cache_read` (an llmtap
-extension) beside `input` and `output` (with `metrics_names = "legacy"`).
+metrics, `time_per_output_chunk` gets one sample per request (its TPOT).
 
 The names follow open-telemetry/semantic-conventions-genai's main branch
 (docs/gen-ai/client-inference.md, gen-ai-token-metrics.md, client-embeddings.md,
@@ -30,10 +28,10 @@ cache_write.input_tokens,reasoning.output_tokens}` with `gen_ai.token.modality` 
 `unknown`; the histograms `gen_ai.client.inference.operation.{input,output}_tokens`;
 an embedding's `gen_ai.client.embeddings.duration` and
 `.operation.input_tokens`; the span attribute `gen_ai.usage.cache_write.input_tokens`
-(was `cache_creation`). `metrics_names = "legacy"` keeps v1.41.0's names for one
-release (`gen_ai.client.operation.*`, `gen_ai.client.token.usage`). Both add
+(was `cache_creation`). llmtap adds
 `llmtap.client.inference.upstream_processing.duration` (a histogram, s: the time the upstream says it
-spent, `upstream_processing_ms`), `llmtap.client.inference.cost_usd` (a counter, the tokens' list price; an llmtap
+spent, `upstream_processing_ms`),
+`llmtap.client.inference.cost_usd` (a counter, the tokens' list price; an llmtap
 extension, `llmtap.billing` = `api` or `subscription`) and the span attribute
 `llmtap.cost_usd`.
 
@@ -69,7 +67,7 @@ except ImportError as exc:  # the `otel` extra is not installed
 else:
     _MISSING = None
 
-from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TOKEN_TYPES
+from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS
 from proxy.common.prices import SUBSCRIPTION_KINDS, row_cost
 from proxy.common.terminal_text import stderr_line
 
@@ -86,8 +84,6 @@ USAGE = (
     ("gen_ai.usage.cache_write.input_tokens", "cache_creation_tokens"),  # was cache_creation (#440)
     ("gen_ai.usage.reasoning.output_tokens", "reasoning_tokens"),
 )
-LEGACY_USAGE = tuple(("gen_ai.usage.cache_creation.input_tokens", c) if c == "cache_creation_tokens" else (n, c)
-                     for n, c in USAGE)
 # The current token counters (gen-ai-token-metrics.md), all with gen_ai.token.modality = "unknown"
 USAGE_COUNTERS = (
     ("gen_ai.client.inference.usage.input_tokens", "input_tokens"),
@@ -108,7 +104,6 @@ class OtelSettings:
     headers: Mapping[str, str] = field(default_factory=dict)
     service_name: str = "llmtap"
     export_interval_s: float = 10.0
-    metrics_names: str = "current"  # or "legacy": the GenAI names of semantic-conventions v1.41.0
     export_timeout_s: float = 2.0  # one export, its retries included (a refused connection: about 1 s)
     shutdown_timeout_s: float = 4.0  # the last flush, spans and metrics at once
 
@@ -119,8 +114,7 @@ class OtelSettings:
         if not endpoint:
             return None
         return cls(endpoint=endpoint.rstrip("/"), headers=parse_headers(getattr(config, "otel_headers", None)),
-                   service_name=getattr(config, "otel_service_name", None) or "llmtap",
-                   metrics_names=getattr(config, "metrics_names", None) or "current")
+                   service_name=getattr(config, "otel_service_name", None) or "llmtap")
 
 
 def parse_headers(value: str | Mapping[str, str] | None) -> dict[str, str]:
@@ -148,7 +142,7 @@ def operation(row: Mapping[str, Any]) -> str | None:
     kind = row.get("kind")
     if kind == "embedding":
         return "embeddings"
-    if kind not in (None, "generation"):
+    if kind not in (None, "generation", "side"):  # side: a generation beside the turns
         return None
     return OPERATION.get(row.get("dialect") or "")
 
@@ -173,13 +167,13 @@ def metric_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
     })
 
 
-def span_attributes(row: Mapping[str, Any], legacy: bool = False) -> dict[str, Any]:
+def span_attributes(row: Mapping[str, Any]) -> dict[str, Any]:
     attributes = metric_attributes(row)
     ttft = row.get("ttft_ms")
     finish = row.get("finish_reason")
     attributes.update(_present({
         "gen_ai.request.stream": row.get("stream"),
-        **{name: row.get(column) for name, column in (LEGACY_USAGE if legacy else USAGE)},
+        **{name: row.get(column) for name, column in USAGE},
         "llmtap.cost_usd": row_cost(row) if operation(row) is not None else None,  # an llmtap extension
         "gen_ai.response.time_to_first_chunk": ttft / 1000.0 if ttft is not None else None,
         "gen_ai.response.finish_reasons": [finish] if finish else None,
@@ -322,7 +316,7 @@ class OtelExporter:
     """Spans and GenAI metrics from finished rows, through the given SDK providers."""
 
     def __init__(self, tracer_provider: Any, meter_provider: Any, *, exporters: Sequence[Any] = (),
-                 health: ExportHealth | None = None, shutdown_timeout_s: float = 4.0, names: str = "current") -> None:
+                 health: ExportHealth | None = None, shutdown_timeout_s: float = 4.0) -> None:
         _require()
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
         self.exporters, self.health, self.shutdown_timeout_s = tuple(exporters), health, shutdown_timeout_s
@@ -330,32 +324,24 @@ class OtelExporter:
         meter = meter_provider.get_meter(INSTRUMENTATION)
         seconds = {"unit": "s", "explicit_bucket_boundaries_advisory": DURATION_BUCKETS}
         tokens = {"unit": "{token}", "explicit_bucket_boundaries_advisory": TOKEN_BUCKETS}
-        self.legacy = names == "legacy"
-        op = "operation" if self.legacy else "inference"
         self.duration = meter.create_histogram(
-            f"gen_ai.client.{op}.duration", description="GenAI operation duration (e2e).", **seconds)
+            "gen_ai.client.inference.duration", description="GenAI operation duration (e2e).", **seconds)
         self.ttft = meter.create_histogram(
-            f"gen_ai.client.{op}.time_to_first_chunk", description="Time to the first chunk (streams).",
+            "gen_ai.client.inference.time_to_first_chunk", description="Time to the first chunk (streams).",
             **seconds)
         self.tpot = meter.create_histogram(
-            f"gen_ai.client.{op}.time_per_output_chunk",
+            "gen_ai.client.inference.time_per_output_chunk",
             description="Per-request time per output token (one sample per request).", **seconds)
-        if self.legacy:
-            self.tokens = meter.create_histogram(
-                "gen_ai.client.token.usage", description="Tokens used, by gen_ai.token.type.", **tokens)
-        else:
-            self.usage = [(meter.create_counter(name, unit="{token}", description=f"Tokens used ({column})."), column)
-                          for name, column in USAGE_COUNTERS]
-            self.input_hist = meter.create_histogram(
-                "gen_ai.client.inference.operation.input_tokens", description="Input tokens per operation.", **tokens)
-            self.output_hist = meter.create_histogram(
-                "gen_ai.client.inference.operation.output_tokens", description="Output tokens per operation.",
-                **tokens)
-            self.embed_duration = meter.create_histogram(
-                "gen_ai.client.embeddings.duration", description="GenAI embeddings duration (e2e).", **seconds)
-            self.embed_input = meter.create_histogram(
-                "gen_ai.client.embeddings.operation.input_tokens", description="Input tokens per embedding.",
-                **tokens)
+        self.usage = [(meter.create_counter(name, unit="{token}", description=f"Tokens used ({column})."), column)
+                      for name, column in USAGE_COUNTERS]
+        self.input_hist = meter.create_histogram(
+            "gen_ai.client.inference.operation.input_tokens", description="Input tokens per operation.", **tokens)
+        self.output_hist = meter.create_histogram(
+            "gen_ai.client.inference.operation.output_tokens", description="Output tokens per operation.", **tokens)
+        self.embed_duration = meter.create_histogram(
+            "gen_ai.client.embeddings.duration", description="GenAI embeddings duration (e2e).", **seconds)
+        self.embed_input = meter.create_histogram(
+            "gen_ai.client.embeddings.operation.input_tokens", description="Input tokens per embedding.", **tokens)
         self.processing = meter.create_histogram(
             "llmtap.client.inference.upstream_processing.duration",
             description="The time the upstream says it spent (upstream_processing_ms; an llmtap extension).", **seconds)
@@ -379,7 +365,7 @@ class OtelExporter:
                                                export_timeout_millis=settings.export_timeout_s * 1000)
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         return cls(tracer_provider, meter_provider, exporters=(spans, metrics), health=health,
-                   shutdown_timeout_s=settings.shutdown_timeout_s, names=settings.metrics_names)
+                   shutdown_timeout_s=settings.shutdown_timeout_s)
 
     def observe(self, row: Mapping[str, Any]) -> None:
         """One span, and the metric points of a generation. Never raises."""
@@ -393,15 +379,14 @@ class OtelExporter:
     def _span(self, row: Mapping[str, Any]) -> None:
         start, end = span_times(row)
         span = self.tracer.start_span(span_name(row), kind=SpanKind.CLIENT, start_time=start,
-                                      attributes=span_attributes(row, self.legacy))
+                                      attributes=span_attributes(row))
         if error_type(row) is not None:
             span.set_status(Status(StatusCode.ERROR, (row.get("error_message") or row.get("outcome") or "")[:500]))
         span.end(end_time=end)
 
     def _metrics(self, row: Mapping[str, Any]) -> None:
         attributes = metric_attributes(row)
-        embedding = row.get("kind") == "embedding"
-        if not self.legacy and embedding:
+        if row.get("kind") == "embedding":
             if row.get("e2e_ms") is not None:
                 self.embed_duration.record(row["e2e_ms"] / 1000.0, attributes)
             if row.get("input_tokens") is not None:
@@ -415,19 +400,14 @@ class OtelExporter:
             self.tpot.record(row["tpot_ms"] / 1000.0, attributes)
         if row.get("upstream_processing_ms") is not None:
             self.processing.record(row["upstream_processing_ms"] / 1000.0, attributes)
-        if self.legacy:
-            for token_type, column in TOKEN_TYPES:
-                if row.get(column) is not None:
-                    self.tokens.record(row[column], {**attributes, "gen_ai.token.type": token_type})
-        else:
-            counted = {**attributes, "gen_ai.token.modality": "unknown"}
-            for counter, column in self.usage:
-                counter.add(row.get(column) or 0, counted)
-            if row.get("input_tokens") is not None:
-                self.input_hist.record(row["input_tokens"], attributes)
-            if row.get("output_tokens") is not None:
-                self.output_hist.record(row["output_tokens"], attributes)
-        if not embedding and (cost := row_cost(row)):
+        counted = {**attributes, "gen_ai.token.modality": "unknown"}
+        for counter, column in self.usage:
+            counter.add(row.get(column) or 0, counted)
+        if row.get("input_tokens") is not None:
+            self.input_hist.record(row["input_tokens"], attributes)
+        if row.get("output_tokens") is not None:
+            self.output_hist.record(row["output_tokens"], attributes)
+        if cost := row_cost(row):
             billing = "subscription" if row.get("credential_kind") in SUBSCRIPTION_KINDS else "api"
             self.cost.add(cost, {**attributes, "llmtap.billing": billing})
 

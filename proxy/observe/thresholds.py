@@ -1,5 +1,6 @@
 """`serve`'s warning line when a budget or quota threshold of the config's [alerts] is crossed: once per
-crossing, not per request (proxy/settings/alerts.py; `llmtap check` tests the same over the database).
+crossing, not per request. The judgement and its words are `llmtap check`'s (proxy/settings/alerts.py's
+`judge`); only the measure differs: from the rows as they finish, not over the database.
 
 A recorder observer (`on_rows`): it runs on the event loop once per finished row, so it keeps a few
 numbers in memory and never queries the database:
@@ -18,7 +19,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from proxy.common.prices import SUBSCRIPTION_KINDS, row_cost
-from proxy.settings.alerts import Thresholds
+from proxy.settings.alerts import Finding, Thresholds, judge
 
 MAX_KEYS = 1_000  # keys followed at once: a client inventing keys cannot grow it without bound
 
@@ -42,21 +43,22 @@ class ThresholdWatch:
             self.report(f"llmtap: threshold watch failed: {type(exc).__name__}: {exc}")
 
     def _name(self, key: Any) -> str:
-        return f"{self.key_names[key]} ({key})" if key in self.key_names else str(key or "no key")
+        return f"{self.key_names[key]}, {key}" if key in self.key_names else str(key or "no key")
+
+    def _warn(self, finding: Finding) -> None:
+        self.report(f"llmtap: warning: [alerts] {finding.name}: {finding.text}")
 
     def _window(self, row: Mapping[str, Any]) -> None:
         used = row.get("ratelimit_5h_utilization")
         if used is None:
             return
         key = (row.get("key_fingerprint"), row.get("upstream_host"))
-        limit = self.limits.window_5h_utilization
-        assert limit is not None
-        over = used > limit
+        reset = row.get("ratelimit_5h_reset")
+        when = f"; it resets at {reset.astimezone(UTC):%H:%M} UTC" if isinstance(reset, datetime) else ""
+        finding = judge(self.limits, "window_5h_utilization", used, f"{self._name(key[0])} at {key[1] or '?'}{when}")
+        over = finding.crossed
         if over and not self.over_5h.get(key, False):
-            reset = row.get("ratelimit_5h_reset")
-            when = f"; it resets at {reset.astimezone(UTC):%H:%M} UTC" if isinstance(reset, datetime) else ""
-            self.report(f"llmtap: warning: {self._name(key[0])} at {key[1] or '?'} has used {used:.0%} of its"
-                        f" 5-hour window, over the {limit:.0%} of [alerts] window_5h_utilization{when}")
+            self._warn(finding)
         if key in self.over_5h or len(self.over_5h) < MAX_KEYS:
             self.over_5h[key] = over
 
@@ -71,10 +73,7 @@ class ThresholdWatch:
         if day != self.day:
             self.day, self.spent, self.warned_budget = day, 0.0, False
         self.spent += cost
-        budget = self.limits.daily_budget_usd
-        assert budget is not None
-        if self.spent > budget and not self.warned_budget:
+        finding = judge(self.limits, "daily_budget_usd", self.spent, "since serve started", label=f"spend {day}")
+        if finding.crossed and not self.warned_budget:
             self.warned_budget = True
-            limit = f"{budget:,.2f}" if budget >= 1 else f"{budget:g}"
-            self.report(f"llmtap: warning: spend on {day} is ${self.spent:,.4f} at list price since serve started,"
-                        f" over the ${limit} of [alerts] daily_budget_usd")
+            self._warn(finding)

@@ -34,7 +34,7 @@ import nanoarrow as na
 import orjson
 
 from proxy.common.chunk_rows import ChunkRows
-from proxy.common.schema import BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
+from proxy.common.schema import AGENT_EVENT_COLUMNS, BODY_COLUMNS, CHUNK_COLUMNS, REQUEST_COLUMNS
 
 BATCH_VIEW = "llmtap_insert_batch"  # registered on the writer's own cursor for one INSERT
 _ARROW_TYPES = {
@@ -211,3 +211,4 @@ class ChunkTable(Table):
 REQUESTS = RowTable("requests", REQUEST_COLUMNS, 2_000)
 CHUNKS = ChunkTable("chunks", CHUNK_COLUMNS, 10_000)
 BODIES = Table("bodies", BODY_COLUMNS, 200)
+AGENT_EVENTS = Table("agent_events", AGENT_EVENT_COLUMNS, 2_000)

@@ -226,3 +226,29 @@ def m009_upstream_processing(con: duckdb.DuckDBPyConnection) -> None:
     for name, type_ in (("upstream_processing_ms", "DOUBLE"), ("upstream_processing_source", "VARCHAR"),
                         ("upstream_engine_ttft_ms", "DOUBLE"), ("upstream_overhead_ms", "DOUBLE")):
         con.execute(f"ALTER TABLE requests ADD COLUMN {name} {type_}")
+
+@migration
+def m010_agent_events(con: duckdb.DuckDBPyConnection) -> None:
+    """What the agents report of themselves over OpenTelemetry (proxy/relay/otlp.py): one row per event,
+    its attributes by an allow-list, never content (docs/columns.md `agent_events`)."""
+    con.execute(
+        """
+        CREATE TABLE agent_events (
+            received_at TIMESTAMPTZ, event_at TIMESTAMPTZ, source VARCHAR, source_version VARCHAR,
+            session_id VARCHAR, event_name VARCHAR, sequence BIGINT, prompt_id VARCHAR,
+            tool_name VARCHAR, call_id VARCHAR, decision VARCHAR, decision_source VARCHAR,
+            duration_ms DOUBLE, ttft_ms DOUBLE, success BOOLEAN, model VARCHAR, request_id VARCHAR,
+            attempt INTEGER, status_code INTEGER, input_tokens BIGINT, output_tokens BIGINT,
+            span_id VARCHAR, parent_span_id VARCHAR
+        )
+        """
+    )
+
+
+
+@migration
+def m011_client_details(con: duckdb.DuckDBPyConnection) -> None:
+    """The client's version and mode, apart from its name (docs/columns.md `tool_version`, `tool_mode`).
+    Rows recorded before have none: they stay NULL."""
+    con.execute("ALTER TABLE requests ADD COLUMN tool_version VARCHAR")
+    con.execute("ALTER TABLE requests ADD COLUMN tool_mode VARCHAR")

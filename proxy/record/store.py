@@ -1,24 +1,22 @@
-"""The DuckDB store: rows go in on the event loop, a writer thread writes them.
+"""The DuckDB store's writer: rows go in on the event loop, a writer thread writes them.
 
 `put()` runs on the event loop for every request, so it only turns the row into
 its tuple of values (batch.RowTable.encode) and appends it to a list under a short lock. One daemon thread takes
 everything pending about every `flush_interval_s` and writes it in one
 transaction, each table's rows in one INSERT per batch (proxy/record/batch.py).
 
-DuckDB lets one process open a file for writing, so while the proxy runs the CLI
-queries through it: `query()` runs one read-only statement on its own cursor,
-inside a READ ONLY transaction, beside the writer.
+The queries that run beside the writer while the proxy serves are proxy/record/store_reader.py's
+(`Store` is a `StoreReader`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -26,15 +24,15 @@ from typing import Any
 import duckdb
 
 from proxy.common import duck, latency, thread_priority
-from proxy.record import retention, sql_filter
-from proxy.record.query_limits import QueryStop, QueryStopped, fetch_capped
+from proxy.record import retention
 from proxy.common.chunk_rows import ChunkRows
-from proxy.record.batch import BODIES, CHUNKS, REQUESTS, Table
+from proxy.record.batch import AGENT_EVENTS, BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
+from proxy.record.store_reader import (DatabaseLocked as DatabaseLocked, QuerySetup as QuerySetup, StoreError,
+                                       StoreReader, one_line, open_error, open_readonly as open_readonly)
 from proxy.common.terminal_text import stderr_line
 
 # The writer's interval is its share of the row's latency budget (proxy/common/latency.py).
-READER_SETUP_S = 10.0  # a reader cursor's views (and the prices in them) are made again after this
 WAKE_REQUESTS = 5_000  # this many pending rows wake the writer before the interval is up
 WAKE_CHUNKS = 100_000
 RETRY_FIRST_S = 0.1
@@ -44,6 +42,7 @@ RETRY_MAX_S = 5.0
 MAX_PENDING_REQUESTS = 20_000
 MAX_PENDING_CHUNKS = 500_000
 MAX_PENDING_BODY_BYTES = 64 * 1024 * 1024  # captured bodies (--capture-bodies) waiting to be written
+MAX_PENDING_AGENT_EVENTS = 100_000  # the agents' own events (proxy/relay/otlp.py), some 200 bytes each
 # Retention (serve --retain-days, --retain-bodies-days): old rows are deleted when the writer starts, then
 # this often; one batch (retention.BATCH_REQUESTS) per wake of the writer, between writes of new rows.
 PRUNE_INTERVAL_S = 3600.0
@@ -68,36 +67,13 @@ _DATA_ERRORS: tuple[type[Exception], ...] = (
     AttributeError,
 )
 
-READ_ONLY = sql_filter.READ_ONLY
-
-
-class StoreError(Exception):
-    pass
-
-
-class DatabaseLocked(StoreError):
-    """Another process holds the database file (DuckDB allows one writer process)."""
-
-    def __init__(self, path: Path, pid: int | None, holder: str | None = None, message: str | None = None) -> None:
-        self.path, self.pid, self.holder = path, pid, holder
-        who = f" (PID {pid}{', ' + holder if holder else ''})" if pid is not None else ""
-        super().__init__(message or (
-            f"the database {path} is in use by another process{who}; if that is a running "
-            "`llmtap serve`, query through it with `llmtap sql`"
-        ))
-
-
 Unit = list[tuple[Table, list[Any]]]  # written in one transaction
-QuerySetup = Callable[[duckdb.DuckDBPyConnection], None]
 
 
 _print_stderr = stderr_line
 
 
-class Store:
-    # Called with each query's own cursor before the query (the analysis package adds temp views).
-    query_setup: QuerySetup | None = None
-
+class Store(StoreReader):
     def __init__(
         self,
         path: str | Path,
@@ -111,6 +87,7 @@ class Store:
         retain_bodies_days: float | None = None,
         report: Callable[[str], None] = _print_stderr,
     ) -> None:
+        super().__init__()
         self.path = Path(path)
         self._retain = (retain_days, retain_bodies_days)
         self._prune_at: float | None = 0.0 if retain_days or retain_bodies_days else None  # monotonic; None: off
@@ -135,10 +112,11 @@ class Store:
         self._inflight = [0, 0]  # requests, chunks taken by the writer and not yet finished
         self._bodies: list[tuple[Any, ...]] = []
         self._body_bytes = 0
+        self._agent_events: list[tuple[Any, ...]] = []  # schema.AGENT_EVENT_COLUMNS, in order
         self._counts = dict.fromkeys(
             ("requests_written", "chunks_written", "bodies_written", "requests_dropped", "chunks_dropped",
              "bodies_dropped", "write_errors", "rows_rejected", "files_recreated", "requests_pruned",
-             "chunks_pruned", "bodies_pruned"), 0)
+             "chunks_pruned", "bodies_pruned", "agent_events_written", "agent_events_dropped"), 0)
         self._last_error: str | None = None
         self._failing: tuple[datetime, float] | None = None  # writes fail since (UTC label, monotonic)
         self._warnings: deque[str] = deque(maxlen=10)  # what /_llmtap/health shows besides the counts
@@ -148,10 +126,7 @@ class Store:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._abandon = threading.Event()
-        self._con: duckdb.DuckDBPyConnection | None = None
         self._cur: duckdb.DuckDBPyConnection | None = None
-        self._con_lock = threading.Lock()  # cursor() and close() on the shared connection
-        self._readers = threading.local()  # each admin SQL thread's reader cursor (`reader`)
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -166,7 +141,7 @@ class Store:
             cur = self._writer_cursor(con)
         except duckdb.Error as exc:
             con.close()
-            raise StoreError(f"cannot prepare the database {self.path}: {_one_line(exc)}") from exc
+            raise StoreError(f"cannot prepare the database {self.path}: {one_line(exc)}") from exc
         self._con, self._cur = con, cur
         self._file = _file_id(self.path)
         self._thread = threading.Thread(target=self._run, name="llmtap-store", daemon=True)
@@ -282,6 +257,15 @@ class Store:
             with self._lock:
                 self._counts["bodies_dropped"] += 1
 
+    def put_agent_events(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue `agent_events` rows (schema.AGENT_EVENT_COLUMNS), written with the next batch. Never blocks."""
+        with self._lock:
+            if self._closed or len(self._agent_events) + len(rows) > MAX_PENDING_AGENT_EVENTS:
+                self._counts["agent_events_dropped"] += len(rows)
+                return
+            self._agent_events.extend(rows)
+            self._put_seq += 1  # `flush` waits for them too
+
     def flush(self, timeout: float = 10) -> bool:
         """Wait until every row put before the call is written (or dropped); False on timeout."""
         with self._lock:
@@ -332,25 +316,27 @@ class Store:
             self._check_file()
             with self._lock:
                 requests, chunks, bodies, seq = self._requests, self._chunks, self._bodies, self._put_seq
+                agents, self._agent_events = self._agent_events, []
                 unfit, self._unfit = self._unfit, []
                 self._inflight = [len(requests), self._chunk_rows]
                 self._requests, self._chunks, self._bodies, self._body_bytes, self._chunk_rows = [], [], [], 0, 0
-            if requests or chunks or bodies or unfit:
-                self._write_batch(requests, chunks, bodies, unfit)
+            if requests or chunks or bodies or unfit or agents:
+                self._write_batch(requests, chunks, bodies, unfit, agents)
             if self._prune_at is not None and taken >= self._prune_at and not self._stop.is_set():
                 self._prune()
             with self._lock:
                 self._done_seq = seq
                 self._inflight = [0, 0]
                 self._written.notify_all()
-                if self._stop.is_set() and not self._requests and not self._chunks and not self._bodies:
+                if self._stop.is_set() and not (self._requests or self._chunks or self._bodies or self._agent_events):
                     return
 
     def _write_batch(self, requests: list[Any], chunks: list[Any], bodies: list[Any] | None = None,
-                     unfit: list[Exception] | None = None) -> None:
-        first: Unit = [(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or [])) if rows]
+                     unfit: list[Exception] | None = None, agents: list[Any] | None = None) -> None:
+        first: Unit = [(t, rows) for t, rows in ((REQUESTS, requests), (CHUNKS, chunks), (BODIES, bodies or []),
+                                                 (AGENT_EVENTS, agents or [])) if rows]
         units: deque[Unit] = deque([first] if first else [])
-        rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0}
+        rejected: dict[str, int] = {"requests": len(unfit or ()), "chunks": 0, "bodies": 0, "agent_events": 0}
         first_failure: Exception | None = unfit[0] if unfit else None
         delay = RETRY_FIRST_S
         failures = 0
@@ -498,6 +484,8 @@ class Store:
             self._counts["rows_rejected"] += len(self._unfit)
             self._counts["chunks_dropped"] += self._chunk_rows
             self._counts["bodies_dropped"] += len(self._bodies)
+            self._counts["agent_events_dropped"] += len(self._agent_events)
+            self._agent_events = []
             self._requests, self._chunks, self._bodies, self._body_bytes, self._unfit = [], [], [], 0, []
             self._chunk_rows = 0
             self._done_seq = self._put_seq
@@ -527,117 +515,6 @@ class Store:
         with contextlib.suppress(Exception):
             self._report_fn(message)
 
-    # -- queries while serving -------------------------------------------------
-
-    def query(
-        self, sql: str, params: list[Any] | None = None, max_rows: int = 100_000, *,
-        max_bytes: int | None = None, stop: QueryStop | None = None,
-    ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        """Run one read-only statement (sql_filter.check): (column names, DuckDB type names, at most
-        max_rows rows). `max_bytes`: the answer's rows as JSON are at most this long, else
-        ResultTooLarge. `stop`: another thread may stop the query with it (QueryStop.stop)."""
-        with self._con_lock:
-            if self._con is None:
-                raise StoreError("the database is not open (it is reopened after a write error; try again)")
-            cur = self._con.cursor()
-        try:
-            if stop is not None:
-                stop.attach(cur)
-            sql_filter.check(sql, cur)
-            return self._run_query(cur, sql, params, max_rows, max_bytes, stop)
-        except sql_filter.Refused as exc:
-            raise StoreError(str(exc)) from None
-        except duckdb.Error as exc:
-            if stop is not None and stop.reason is not None:
-                raise QueryStopped(stop.reason) from None
-            read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
-            raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
-        finally:
-            if stop is not None:
-                stop.detach()
-            with contextlib.suppress(duckdb.Error):
-                cur.close()
-
-    @contextlib.contextmanager
-    def reader(self, stop: QueryStop | None = None, max_rows: int = 100_000, *,
-               max_bytes: int | None = None) -> Iterator[Callable[[str], tuple[list[str], list[str], list[tuple[Any, ...]]]]]:
-        """Several read-only statements on one cursor, in one READ ONLY transaction (one snapshot), the
-        views set up once: `with store.reader(stop) as query: query("SELECT ...")`, each statement checked
-        and capped as `query()`'s (for the web UI's API, whose one answer takes a few statements)."""
-        cur = self._reader_cursor()
-        ok = False
-        try:
-            if stop is not None:
-                stop.attach(cur)
-            cur.execute("BEGIN TRANSACTION READ ONLY")
-
-            def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-                try:
-                    sql_filter.check(sql, cur)
-                    if stop is not None:
-                        stop.check()
-                    cur.execute(sql)
-                    description = cur.description or []
-                    rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
-                except sql_filter.Refused as exc:
-                    raise StoreError(str(exc)) from None
-                except duckdb.Error as exc:
-                    if stop is not None and stop.reason is not None:
-                        raise QueryStopped(stop.reason) from None
-                    raise StoreError(str(exc)) from exc
-                return [d[0] for d in description], [str(d[1]) for d in description], rows
-
-            yield query
-            ok = True
-        finally:
-            if stop is not None:
-                stop.detach()
-            with contextlib.suppress(duckdb.Error):
-                cur.execute("ROLLBACK")
-            if not ok:  # a failed or stopped one is not kept: the next reader starts afresh
-                self._readers.cursor = None
-                with contextlib.suppress(duckdb.Error):
-                    cur.close()
-
-    def _reader_cursor(self) -> duckdb.DuckDBPyConnection:
-        """This thread's reader cursor, its views set up at most every READER_SETUP_S (creating them
-        takes ~90 ms on a big database: more than a page's query itself)."""
-        with self._con_lock:
-            con = self._con
-            if con is None:
-                raise StoreError("the database is not open (it is reopened after a write error; try again)")
-            kept = getattr(self._readers, "cursor", None)
-            if kept is not None and kept[1] is con and time.monotonic() - kept[2] < READER_SETUP_S:
-                return kept[0]
-            cur = con.cursor()
-        if kept is not None:
-            with contextlib.suppress(duckdb.Error):
-                kept[0].close()
-        self._readers.cursor = None
-        if self.query_setup is not None:
-            self.query_setup(cur)
-        self._readers.cursor = (cur, con, time.monotonic())
-        return cur
-
-    def _run_query(
-        self, cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None, max_rows: int,
-        max_bytes: int | None = None, stop: QueryStop | None = None,
-    ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        if self.query_setup is not None:
-            self.query_setup(cur)
-        cur.execute("BEGIN TRANSACTION READ ONLY")
-        try:
-            if stop is not None:
-                stop.check()
-            cur.execute(sql, params)
-            description = cur.description or []
-            rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
-        finally:
-            with contextlib.suppress(duckdb.Error):
-                cur.execute("ROLLBACK")
-        return [d[0] for d in description], [str(d[1]) for d in description], rows
-
-
 def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
     """A unit that failed on its data: its tables apart, then halves; a single row is rejected."""
     if len(unit) > 1:
@@ -650,19 +527,6 @@ def _split(unit: Unit, rejected: dict[str, int]) -> list[Unit]:
     return [[(table, rows[:mid])], [(table, rows[mid:])]]
 
 
-def open_readonly(path: str | Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection for the analysis CLI, when no proxy holds the file."""
-    path = Path(path)
-    if not path.exists():
-        raise StoreError(f"no database at {path}: run `llmtap serve` to record one")
-    try:
-        con = duck.connect(path, read_only=True)
-    except duckdb.Error as exc:
-        raise _open_error(path, exc) from exc
-    con.execute("SET TimeZone = 'UTC'")
-    return con
-
-
 def _open_for_writing(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -672,25 +536,7 @@ def _open_for_writing(path: Path) -> duckdb.DuckDBPyConnection:
         with duck.private_umask():
             return duck.connect(path)
     except duckdb.Error as exc:
-        raise _open_error(path, exc) from exc
-
-
-_LOCK_HOLDER = re.compile(r"held in (?P<holder>.+?) \(PID (?P<pid>\d+)\)")
-
-
-def _open_error(path: Path, exc: duckdb.Error) -> StoreError:
-    message = _one_line(exc)
-    if isinstance(exc, duck.UntrustedDatabase):
-        return StoreError(message)
-    if "Could not set lock" in message:
-        m = _LOCK_HOLDER.search(message)
-        return DatabaseLocked(path, int(m["pid"]) if m else None, m["holder"] if m else None)
-    if "different configuration than existing connections" in message:  # this very process
-        return DatabaseLocked(path, os.getpid(), message=(
-            f"the database {path} is already open in this process in the other mode (read-write or "
-            "read-only); while a Store has it, query through Store.query()"))
-    hint = " (a read-only or full disk? choose another file with --db)" if "IO Error" in message else ""
-    return StoreError(f"cannot open the database {path}: {message}{hint}")
+        raise open_error(path, exc) from exc
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -710,9 +556,5 @@ def _span(seconds: float) -> str:
     return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {_one_line(exc)}"
+    return f"{type(exc).__name__}: {one_line(exc)}"

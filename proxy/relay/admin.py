@@ -13,7 +13,6 @@ admin SQL's threads (proxy/record/admin_sql.py), with the limits of every admin 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import socket
 import struct
@@ -25,7 +24,8 @@ from aiohttp import web
 from proxy.record import admin_sql
 from proxy.observe import live
 from proxy.settings.client_key import same_secret
-from proxy.relay import ui_doors
+from proxy.relay import otlp, ui_doors
+from proxy.relay.guard import is_loopback
 from proxy.relay.app_state import STATE, AppState
 from proxy.common.instances import ADMIN_PREFIX, TOKEN_HEADER
 
@@ -38,24 +38,13 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
 
 
-def _is_loopback(remote: str | None) -> bool:
-    if remote == "127.0.0.1" or remote == "::1":  # the common case, without parsing
-        return True
-    try:
-        ip = ipaddress.ip_address(remote or "")
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack socket
-    return (mapped or ip).is_loopback
-
-
 def _local_name(host: str | None) -> bool:
     """A Host or Origin naming this machine; anything else is a browser page's own name (DNS rebinding)."""
     if not host:
         return True
     name = host.rsplit("://", 1)[-1].lower()
     name = name[1:].partition("]")[0] if name.startswith("[") else name.rsplit(":", 1)[0]
-    return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 
 def allowed(request: web.Request, state: AppState, name: str | None = None) -> bool:
@@ -68,7 +57,7 @@ def allowed(request: web.Request, state: AppState, name: str | None = None) -> b
     send a custom header cross-site without a preflight (which llmtap refuses). A browser page is
     refused even with a token (its Origin, or its own name in Host: DNS rebinding).
     """
-    if not (_is_loopback(request.remote) or state.config.allow_remote):
+    if not (is_loopback(request.remote) or state.config.allow_remote):
         return False
     local = state.config.allow_remote or _local_name(request.host)
     if _token_sent(request, state.admin_token):
@@ -115,6 +104,8 @@ async def answer(request: web.Request, state: AppState, name: str) -> web.Stream
         return await sql(request, state)
     if name == "metrics" and request.method == "GET":
         return await metrics(state)
+    if name.startswith("otlp/"):  # a worker's, relayed: allowed there (proxy/relay/otlp.py)
+        return await otlp.receive(request, state, name[len("otlp/"):])
     if name.startswith(("ui/", "api/")) or name == "ui":
         return await ui(request, state, name)
     return _json({"error": f"no admin endpoint {request.method} /_llmtap/{name}"}, 404)
@@ -143,12 +134,15 @@ def health(state: AppState) -> dict[str, Any]:
 
 def fast_paths(state: AppState) -> dict[str, Any]:
     """The probe's answer, with the upstream connector's own (`TimedConnector.hooked`) for conn_timing,
-    and whether arrivals are dated by the kernel's receive time (proxy/relay/rx_stamp.py)."""
-    from proxy.relay import rx_stamp
-
+    and `kernel_stamps`: the moments the kernel dates in this process (proxy/relay/kernel_timing.py):
+    `arrival` (a request's first byte), `upstream` (the handshake's round trip, the request's write,
+    a plain-http answer's first byte), `tls_flight` (a TLS 1.3 upstream's first flight)."""
     connector = state.upstream_session.connector if state.upstream_session is not None else None
     found = state.fast.summary(hooked=getattr(connector, "hooked", False) if connector is not None else None)
-    return {**found, "kernel_stamps": rx_stamp.AVAILABLE and state.fast.on("arrival")}
+    upstream = bool(getattr(connector, "kernel", False))
+    where = {"arrival": state.fast.on("arrival") and state.fast.on("kernel_stamps"), "upstream": upstream,
+             "tls_flight": upstream and bool(getattr(connector, "hooked", False))}
+    return {**found, "kernel_stamps": [name for name, on in where.items() if on]}
 
 
 async def metrics(state: AppState) -> web.Response:
@@ -247,12 +241,19 @@ def _ui_json(body: bytes, status: int = 200) -> web.Response:
 # -- serve --workers N: the primary's private admin socket -----------------------------------------
 
 
+async def end_live_streams(app: web.Application) -> None:
+    """aiohttp's `on_shutdown`, run before it waits for the running handlers: the live feed's streams
+    end rather than hold the stop for its timeout."""
+    live.end_streams(app[STATE].recorder)
+
+
 def private_app(state: AppState) -> web.Application:
     """What the primary answers on its private Unix socket (in the 0700 run directory): the admin
     requests its workers were sent and allowed, relayed with the token. It checks again: the peer
     is a process of this Unix user (SO_PEERCRED) and sends the admin token."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
+    app.on_shutdown.append(end_live_streams)
     app.router.add_route("*", ADMIN_PREFIX + "{name:.*}", _private)
     return app
 

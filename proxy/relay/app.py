@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from proxy.relay import admin, arrival, conn_timing, websocket
+from proxy.relay import admin, arrival, conn_timing, otlp, websocket
 from proxy.settings import client_key
 from proxy.relay.guard import is_preflight
 from proxy.settings.egress import client_ssl_context
@@ -33,6 +33,12 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     received = request[RECEIVED]
     state = request.app[STATE]
     path, query = split_raw_path(request.raw_path)
+    if path.startswith(otlp.PREFIX):  # the agents' own telemetry: its token, not the admin one
+
+        def telemetry_refused(where: str, status: int, code: str, message: str) -> None:
+            _record_local(request, where, received, status, Outcome.HTTP_ERROR, (code, message))
+
+        return await otlp.handle(request, path[len(otlp.PREFIX):], telemetry_refused)
     if path.startswith(ADMIN_PREFIX):  # checked as sent, `..` refused: a worker relays the very bytes checked
         if climbs(path) or not admin.allowed(request, state, path[len(ADMIN_PREFIX):]):  # a row says someone tried
             _record_local(request, path, received, 403, Outcome.HTTP_ERROR, ("admin_forbidden", admin.FORBIDDEN))
@@ -190,8 +196,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     cfg = state.config
     # measuring, the connector stamps each request's connection moments (proxy/relay/conn_timing.py)
     pool: dict[str, Any] = dict(limit=cfg.pool_size, ttl_dns_cache=300, keepalive_timeout=30, ssl=client_ssl_context(cfg.ca_bundle))
-    connector = (conn_timing.TimedConnector(hook_tcp=state.fast.on("conn_timing"), **pool) if cfg.measure
-                 else aiohttp.TCPConnector(**pool))
+    fast = state.fast
+    connector = (conn_timing.TimedConnector(hook_tcp=fast.on("conn_timing"), kernel=fast.on("kernel_stamps"), **pool)
+                 if cfg.measure else aiohttp.TCPConnector(**pool))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     state.open_session(aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False,
@@ -201,6 +208,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     lag = asyncio.create_task(state.loop_lag.run())  # kept referenced until cleanup
     yield
     lag.cancel()
+    state.agent_decoder.close()
     await state.session.close()
     if isinstance(connector, conn_timing.TimedConnector):  # its resolver is its own, not the connector's
         await connector.resolver.close()
@@ -210,6 +218,7 @@ def make_app(state: AppState) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[on_arrival])
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_session)
+    app.on_shutdown.append(admin.end_live_streams)
     app.router.add_route("*", "/{tail:(?s:.*)}", dispatch)  # every path, a `%0a` in it too: each leaves a row
     return app
 

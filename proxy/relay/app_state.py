@@ -21,6 +21,7 @@ from aiohttp import web
 from proxy.common.terminal_text import stderr_line
 from proxy.relay.ui_doors import Tickets
 from proxy.observe.looplag import LoopLag
+from proxy.record.agent_decoder import Decoder
 from proxy.record.recorder import Recorder, log_observer
 from proxy.relay.body_budget import BodyBudget
 from proxy.relay.fast_paths import FastPaths, probe
@@ -46,7 +47,9 @@ class AdminForward(Protocol):
     """In a `serve --workers` worker: an allowed /_llmtap/ request, answered by the primary
     (proxy/serve/workers.py `AdminRelay`)."""
 
-    async def __call__(self, request: web.Request, name: str) -> web.StreamResponse: ...
+    async def __call__(self, request: web.Request, name: str, body: bytes | None = None) -> web.StreamResponse:
+        """`body`: the request's, already read (else read here)."""
+        ...
 
 
 class WebUi(Protocol):
@@ -81,6 +84,8 @@ class AppState:
     upstream_session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)  # `open_session`
     workers: WorkerHealth | None = field(default=None, init=False)  # a primary's, while they run (`attach_workers`)
     ui: WebUi | None = None  # the web UI, from the composition root (analysis/web/); None: no UI
+    telemetry_token: str = field(default="", repr=False)  # what the agents' OTLP exports carry (proxy/relay/otlp.py)
+    agent_decoder: Decoder = field(default_factory=Decoder)  # decodes them, in a process of its own
     ui_tickets: Tickets = field(default_factory=Tickets)  # `llmtap ui`'s one-time logins (proxy/relay/ui_doors.py)
 
     def __post_init__(self) -> None:

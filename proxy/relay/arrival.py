@@ -8,15 +8,13 @@ Checked against aiperf (benchmarks/ttft_accuracy.py --aiperf): on loopback the s
 0.2 ms after the client's write(2) of the request; the rest of the difference is the client's own
 time before that write, and the first token's way from llmtap back to it.
 
-The stamp is the kernel's receive time of a request's first byte (proxy/relay/rx_stamp.py: while the
-connection waits for its next request, llmtap reads it with `recvmsg`, so a request that waited for
-a busy loop or a busy machine is dated when it came, and the wait counts in llmtap's own
-`proxy_overhead_ms`); where that is off (not Linux, a TLS listener), the moment of the read
-(`data_received`) that brought it. Either is taken for the first read while no request is half
-parsed and no body is still coming in. It is kept with the
-request's parsed message, so each request, pipelined ones included, finds its own (`take`), and
-the bytes of a body nobody reads (aiohttp drains it after the handler ended) never date the next
-request. A request pipelined behind another one in the same read gets that read's moment.
+With the `kernel_stamps` fast path, the stamp is the kernel's receive time of the request's first
+byte (proxy/relay/kernel_timing.py: while the connection waits for its next request, llmtap reads it
+itself), so a request that waited for a busy loop is dated when it came and the wait counts in
+`proxy_overhead_ms`; else the moment of the read (`data_received`) that brought it. Either is taken
+for the first read while no request is half parsed and no body is still coming in, and kept with
+the request's parsed message, so each request, pipelined ones included, finds its own (`take`); a
+request pipelined behind another in the same read gets that read's moment.
 """
 
 from __future__ import annotations
@@ -29,27 +27,28 @@ from typing import Any
 from aiohttp import StreamReader, web
 from aiohttp.web import RequestHandler
 
-from proxy.relay import rx_stamp
+from proxy.relay import kernel_timing
 from proxy.relay.conn_limit import Gate
 
 
 class _StampingHandler(RequestHandler):
-    __slots__ = ("_first_ns", "_body", "_stamps", "_rx", "_next_ns")
+    __slots__ = ("_kernel", "_first_ns", "_body", "_stamps", "_rx", "_next_ns")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, manager: web.Server, kernel: bool, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._kernel = kernel  # the kernel_stamps fast path
         self._first_ns: int | None = None  # the first byte of a request not parsed yet
         self._body: StreamReader | None = None  # the body of the last request parsed, while it comes in
         self._stamps: deque[tuple[object, int]] = deque()  # (parsed message, its first byte), until taken
-        self._rx: rx_stamp.RxStamp | None = None  # reads the next request's first bytes with the kernel's time
+        self._rx: kernel_timing.RxStamp | None = None  # reads the next request's first bytes with the kernel's time
         self._next_ns: int | None = None  # the kernel's time of bytes waiting for the transport's next read
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        if rx_stamp.usable(transport):
-            self._rx = rx = rx_stamp.RxStamp(transport, self.data_received, self._holds_reading)
+        if self._kernel and kernel_timing.usable(transport):
+            self._rx = rx = kernel_timing.RxStamp(transport, self.data_received, lambda: kernel_timing.held(self))
             self._next_ns = rx.peek()  # a request already waiting: the transport's first read takes it
-            if self._next_ns is None:  # the transport starts reading after this returns (rx_stamp.peek)
+            if self._next_ns is None:  # the transport starts reading after this returns (RxStamp.peek)
                 asyncio.get_running_loop().call_soon(self._await_first)
 
     def _await_first(self) -> None:
@@ -70,10 +69,6 @@ class _StampingHandler(RequestHandler):
         # while llmtap reads the next request itself, it resumes the transport once it has read.
         if self._rx is None or not self._rx.armed:
             super()._resume_transport_reading()
-
-    def _holds_reading(self) -> bool:
-        """aiohttp's own flow control holds the connection's reading (a queue of pipelined requests)."""
-        return bool(getattr(self, "_reading_paused", False) or getattr(self, "_buffer_paused", False))
 
     def _await_request(self) -> None:
         """Nothing half parsed, no body coming: the next bytes begin a request, read them stamped."""
@@ -117,33 +112,43 @@ class _StampingHandler(RequestHandler):
 
 
 class _StampingServer(Gate):
+    kernel = False
+
     def handler(self) -> RequestHandler:
-        return _StampingHandler(self, loop=self._loop, **self._kwargs)
+        return _StampingHandler(self, self.kernel, loop=self._loop, **self._kwargs)
+
+
+class _KernelStampingServer(_StampingServer):
+    kernel = True
 
 
 class Runner(web.AppRunner):
     """`web.AppRunner` whose connections stamp each request's first byte: the `arrival` fast path,
-    with `stamps` (proxy/relay/fast_paths.py). Without it, aiohttp's own connections, and `take` gives the
-    handler's start: later than the first byte by the time the headers took to come and be parsed
-    (a few tenths of a millisecond on loopback at low load; a slow client's headers, or a busy loop,
-    add theirs). Past `max_connections` open, a new one is refused (proxy/relay/conn_limit.py)."""
+    with `stamps` (proxy/relay/fast_paths.py); by the kernel's receive time with `kernel` too
+    (`kernel_stamps`). Without it, aiohttp's own connections, and `take` gives the handler's start:
+    later than the first byte by the time the headers took to come and be parsed (a few tenths of a
+    millisecond on loopback at low load; a slow client's headers, or a busy loop, add theirs). Past `max_connections` open, a new one is refused (proxy/relay/conn_limit.py)."""
 
-    def __init__(self, app: web.Application, *, stamps: bool = True, max_connections: int = 0, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, *, stamps: bool = True, kernel: bool = False, max_connections: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._stamps, self._max_connections = stamps, max_connections
+        self._stamps, self._kernel, self._max_connections = stamps, kernel, max_connections
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = _StampingServer if self._stamps else Gate  # the same object, its connections counted
+        stamping = _KernelStampingServer if self._kernel else _StampingServer
+        server.__class__ = stamping if self._stamps else Gate  # the same object, its connections counted
         server.max_connections = self._max_connections  # type: ignore[attr-defined]
         return server
 
 
 def take(request: web.BaseRequest, now_ns: int) -> int:
     """The first byte of `request` (by the monotonic clock), else `now_ns` (the handler's start)."""
-    stamps: deque[tuple[object, int]] | None = getattr(request.protocol, "_stamps", None)
+    stamps: deque[tuple[object, int]] | None = getattr(request.protocol, "_stamps", None)  # a _StampingHandler's
+    if not stamps:  # the arrival fast path is off: aiohttp's own handler, no private name read
+        return now_ns
     message = getattr(request, "_message", None)
-    if not stamps or message is None:
+    if message is None:
         return now_ns
     for i, (parsed, stamp) in enumerate(stamps):
         if parsed is message:

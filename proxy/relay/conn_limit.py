@@ -54,7 +54,7 @@ class Gate(web.Server):
     max_connections = 0  # 0: no cap
 
     def __call__(self) -> Any:
-        if self.max_connections and len(self._connections) >= self.max_connections:  # not `connections`: a list made per call
+        if self.max_connections and len(self.connections) >= self.max_connections:  # public: a list a new connection
             return _Refused()
         return self.handler()
 

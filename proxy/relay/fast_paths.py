@@ -7,12 +7,14 @@ probe finds the shape it was written for, on an aiohttp release it was tested wi
 | `arrival` | a request's arrival stamped at the read of its first byte (arrival.py) | the handler's start: after the request's headers are parsed |
 | `headers_later` | a whole answer's headers and body leave in one write (reverse.py `_Answer`) | the headers in their own write, at `prepare()` |
 | `conn_timing` | `tcp_end` stamped between the TCP connect and the TLS handshake (conn_timing.py: the connector's `_factory`) | the handshake counts in `connect_ms`, `tls_ms` is NULL |
+| `kernel_stamps` | the kernel's times (kernel_timing.py, Linux): a connection's next bytes read by llmtap with their receive stamp, aiohttp's flow-control flags read, TCP_INFO | each moment is that of the loop's read; llmtap's own waits stay in the network's and upstream's parts |
 
 A path is refused (the public one runs) when aiohttp is outside `OLDEST`..`NEWEST` (`NEWEST` is the
 release the fast paths were last tested with: `.ci/run` runs the stream tests with them on and off),
-when a class it touches is not shaped as it was there (slots, method signatures, attributes), or
-when `LLMTAP_FAST_PATHS` turns it off: `off` for all, `off:body_pipe,arrival` for some. Health
-(`/_llmtap/health`) and `llmtap doctor` say which are on and why the others are not.
+when a class it touches is not shaped as it was there (slots, method signatures, attributes), for
+`kernel_stamps` where the kernel gives no receive stamp (not Linux), or when `LLMTAP_FAST_PATHS` turns
+it off: `off` for all, `off:body_pipe,arrival` for some. The probe runs when serve starts (`probe`).
+Health (`/_llmtap/health`) and `llmtap doctor` say which are on and why the others are not.
 docs/development.md lists every private name and what to run before raising `NEWEST`.
 """
 
@@ -28,8 +30,11 @@ from typing import Any, Callable, Mapping
 import aiohttp
 from aiohttp import web
 
+from proxy.relay import kernel_timing
+
 ENV = "LLMTAP_FAST_PATHS"
-NAMES = ("body_pipe", "arrival", "headers_later", "conn_timing")
+SYSTEM = "this system"  # the end of a refusal that no aiohttp release changes (kernel_stamps off macOS)
+NAMES = ("body_pipe", "arrival", "headers_later", "conn_timing", "kernel_stamps")
 OLDEST, NEWEST = (3, 14, 0), (3, 14, 5)  # pyproject.toml's floor; the last release tested
 
 # StreamReader's fields in aiohttp 3.14.5: `_PipedReader` takes the reader's place with these.
@@ -44,7 +49,7 @@ READER_METHODS = {
     "read_nowait": "self, n=-1", "wait_eof": "self", "exception": "self", "is_eof": "self",
     "set_exception": "self, exc, exc_cause=<sentinel>",
 }
-HANDLER_FIELDS = ("_messages", "_request_count", "_payload_parser", "_upgraded", "_reading_paused", "_buffer_paused")
+HANDLER_FIELDS = ("_messages", "_request_count", "_payload_parser", "_upgraded")
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,9 @@ class FastPaths:
         return name not in self.refused
 
     def refusal_note(self) -> str | None:
-        """serve's start-up line when the probe (not LLMTAP_FAST_PATHS) turned a path off."""
-        refused = [name for name, why in self.refused.items() if not why.endswith(f"({ENV})")]
+        """serve's start-up line when the probe turned a path off for this aiohttp (not one turned off
+        by LLMTAP_FAST_PATHS, nor kernel stamps on a system without them)."""
+        refused = [name for name, why in self.refused.items() if not expected(why)]
         if not refused:
             return None
         return (f"llmtap: aiohttp {self.aiohttp}: {', '.join(refused)} on the public path (slower, as correct): "
@@ -76,12 +82,20 @@ class FastPaths:
 
 
 def probe(env: Mapping[str, str] = os.environ) -> FastPaths:
-    """This process's fast paths: the shapes (probed once) and `LLMTAP_FAST_PATHS` (ValueError when
+    """This process's fast paths: the shapes (probed once), the kernel's stamps (tried once, unless
+    turned off: trying them turns them on for the machine) and `LLMTAP_FAST_PATHS` (ValueError when
     it names no path)."""
     refused = dict(shapes())
     for name in forced_off(env.get(ENV, "")):
         refused[name] = f"turned off ({ENV})"
+    if "kernel_stamps" not in refused and (why := kernel_timing.refusal()) is not None:
+        refused["kernel_stamps"] = f"{why} ({SYSTEM})"
     return FastPaths(aiohttp.__version__, refused)
+
+
+def expected(why: str) -> bool:
+    """A path turned off by `LLMTAP_FAST_PATHS` or one this system lacks: nothing to warn about."""
+    return why.endswith((f"({ENV})", f"({SYSTEM})"))
 
 
 def forced_off(value: str) -> tuple[str, ...]:
@@ -105,6 +119,7 @@ def shapes() -> tuple[tuple[str, str], ...]:
     checks: dict[str, Callable[[], str | None]] = {
         "body_pipe": body_pipe_shape, "arrival": arrival_shape, "headers_later": headers_later_shape,
         "conn_timing": lambda: None,  # its attribute is checked on each connector (conn_timing.py)
+        "kernel_stamps": kernel_stamps_shape,
     }
     refused = []
     for name, check in checks.items():
@@ -162,13 +177,11 @@ def arrival_shape(handler: type = web.RequestHandler, server: type = web.Server,
                   runner: type = web.AppRunner) -> str | None:
     """arrival.py: `AppRunner._make_server`'s server gets its class switched (its `__call__` makes
     handlers from `_loop` and `_kwargs`); the handler's `data_received` reads `_messages`,
-    `_request_count`, `_payload_parser` and `_upgraded`; `take` reads the request's `_message`;
-    rx_stamp's reading of the next request overrides `_resume_transport_reading` and reads
-    `_reading_paused` and `_buffer_paused` (aiohttp's own flow control)."""
+    `_request_count`, `_payload_parser` and `_upgraded`; `take` reads the request's `_message`."""
     fields = {name for cls in handler.__mro__ for name in getattr(cls, "__slots__", ())}
     if missing := [name for name in HANDLER_FIELDS if name not in fields]:
         return f"{_name(handler)} has no {', '.join(missing)}"
-    if (why := _methods(handler, {"data_received": "self, data", "_resume_transport_reading": "self"})) is not None:
+    if (why := _methods(handler, {"data_received": "self, data"})) is not None:
         return why
     if not inspect.iscoroutinefunction(getattr(runner, "_make_server", None)):
         return f"{_name(runner)} has no coroutine _make_server"
@@ -179,6 +192,22 @@ def arrival_shape(handler: type = web.RequestHandler, server: type = web.Server,
     if "_message" not in getattr(web.BaseRequest, "ATTRS", ()):
         return "BaseRequest has no _message"
     return None
+
+
+def kernel_stamps_shape(handler: type = web.RequestHandler, client: type | None = None) -> str | None:
+    """kernel_timing.py: both ends' protocols are read by llmtap while aiohttp's flow control does not
+    hold them (`_reading_paused`, `_buffer_paused`), their `data_received` fed by it; the server
+    handler's `_resume_transport_reading` is overridden (arrival.py) while llmtap reads."""
+    from aiohttp.client_proto import ResponseHandler
+
+    client = client or ResponseHandler
+    for cls in (handler, client):
+        fields = {name for c in cls.__mro__ for name in getattr(c, "__slots__", ())}
+        if missing := [name for name in kernel_timing.FLOW_FIELDS if name not in fields]:
+            return f"{_name(cls)} has no {', '.join(missing)}"
+        if (why := _methods(cls, {"data_received": "self, data"})) is not None:
+            return why
+    return _methods(handler, {"_resume_transport_reading": "self"})
 
 
 def headers_later_shape(response: type = web.StreamResponse, whole: type = web.Response) -> str | None:

@@ -37,6 +37,18 @@ def _machine_names() -> set[str]:
     return names
 
 
+def is_loopback(remote: str | None) -> bool:
+    """A peer address on this machine (127.0.0.0/8, ::1, ::ffff:127.0.0.1)."""
+    if remote == "127.0.0.1" or remote == "::1":  # the common case, without parsing
+        return True
+    try:
+        ip = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack socket
+    return (mapped or ip).is_loopback
+
+
 HOSTS_REMEMBERED = 256  # Host values whose verdict is kept: a client sends the same one every time
 
 

@@ -18,7 +18,7 @@ from yarl import URL
 from proxy.common.headers import TAG_HEADER, inject_credential, request_headers
 from proxy.common.schema import Outcome
 from proxy.meter.meter import Meter
-from proxy.relay import conn_timing
+from proxy.relay import conn_timing, kernel_timing
 from proxy.relay.app_state import AppState
 from proxy.relay.errors import api_shape, error_response
 from proxy.settings.routes import Route
@@ -96,7 +96,7 @@ async def open_request(state: AppState, request: web.Request, url: URL, body: by
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None
     finally:
-        conn_timing.settle()  # the response's first byte was read stamped, or never will be
+        kernel_timing.settle()  # the response's first byte was read stamped, or never will be
         conn_timing.CURRENT.reset(timing)
     if response.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
         response.close()

@@ -21,12 +21,12 @@ from proxy.record.admin_sql import AdminSql
 from proxy.relay.app import HTTP_LIMITS, make_app
 from proxy.relay.conn_limit import connection_cap
 from proxy.relay.arrival import Runner
-from proxy.settings.client_key import client_key
+from proxy.settings.client_key import client_key, telemetry_token
 from proxy.settings.config import ConfigError, ServeConfig, admin_token, apply_prices
 from proxy.relay.guard import Guard
 from proxy.meter.redact import scrub_library_logs
 from proxy.common import prices
-from proxy.observe.metrics import METRICS_NAMES, PrometheusMetrics
+from proxy.observe.metrics import PrometheusMetrics
 from proxy.observe.otel import OtelExporter, OtelSettings, OtelUnavailable
 from proxy.observe.thresholds import ThresholdWatch
 from proxy.settings.alerts import check_alerts
@@ -109,17 +109,16 @@ class RunningProxy:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.admin_sql = AdminSql(config.sql_timeout_s) if self.store is not None else None
-        if config.metrics_names not in METRICS_NAMES:
-            raise ConfigError(f"metrics_names is {' or '.join(METRICS_NAMES)}, not {config.metrics_names!r}")
         loop_lag = LoopLag()
         metrics = None if worker is not None else PrometheusMetrics(
-            store_stats=self.store.stats if self.store else None, loop_lag=loop_lag.summary, names=config.metrics_names)
+            store_stats=self.store.stats if self.store else None, loop_lag=loop_lag.summary)
         self.state = AppState(config=config, routes=routes, store=self.store, report=report,
                               admin_token=token, client_key=key, fast=fast, admin_sql=self.admin_sql,
                               guard=Guard.build(config.allow_origins, config.allow_hosts,
                                                 remote=config.allow_remote and bool(_wide_hosts(config))),
                               metrics=metrics, loop_lag=loop_lag, admin_relay=admin_relay,
-                              ui=ui if self.store is not None and worker is None else None)
+                              ui=ui if self.store is not None and worker is None else None,
+                              telemetry_token=telemetry_token() if config.measure else "")
         self.otel: OtelExporter | None = None
         self.runner: web.AppRunner | None = None
         self.port = config.port
@@ -162,9 +161,10 @@ class RunningProxy:
         if self.store is not None:
             self.store.start()
         raise_open_files()  # before the cap of connections is reckoned from it
-        self.runner = Runner(make_app(self.state), stamps=self.state.fast.on("arrival"), auto_decompress=False,
-                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0, **HTTP_LIMITS,
-                             keepalive_timeout=self.config.header_timeout_s,  # the head's timeout (conn_limit.py)
+        fast = self.state.fast
+        self.runner = Runner(make_app(self.state), stamps=fast.on("arrival"), kernel=fast.on("kernel_stamps"),
+                             auto_decompress=False, handler_cancellation=True, access_log=None, shutdown_timeout=5.0,
+                             **HTTP_LIMITS, keepalive_timeout=self.config.header_timeout_s,  # the head's timeout
                              max_connections=connection_cap(self.config.max_connections))
         await self.runner.setup()
         try:
@@ -302,7 +302,7 @@ def tune_runtime() -> None:
 def raise_open_files(want: int = 65_536) -> None:
     """Raise the soft limit of open files towards the hard one, as nginx's `worker_rlimit_nofile`
     does: a connection takes two descriptors while its next request is read with the kernel's stamp
-    (proxy/relay/rx_stamp.py), and many Linux logins start at a soft 1,024."""
+    (proxy/relay/kernel_timing.py), and many Linux logins start at a soft 1,024."""
     try:
         import resource
     except ImportError:  # not POSIX

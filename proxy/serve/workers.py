@@ -151,7 +151,7 @@ class Workers:
             path = self._admin_dir / "admin.sock"
         path.unlink(missing_ok=True)
         runner = web.AppRunner(admin.private_app(self.state), access_log=None, handler_cancellation=True,
-                               shutdown_timeout=2.0)
+                               shutdown_timeout=2.0, auto_decompress=False)  # an OTLP export's gzip: the decoder's
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()
         os.chmod(path, 0o600)
@@ -337,17 +337,18 @@ class AdminRelay:
         self.socket_path, self.token, self.index = socket_path, token, index
         self.session: aiohttp.ClientSession | None = None
 
-    async def __call__(self, request: web.Request, name: str) -> web.StreamResponse:
+    async def __call__(self, request: web.Request, name: str, body: bytes | None = None) -> web.StreamResponse:
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
         headers = {running.TOKEN_HEADER: self.token}  # allowed here (token, or the UI's cookie or login)
-        if content_type := request.headers.get("Content-Type"):
-            headers["Content-Type"] = content_type
+        for name_ in ("Content-Type", "Content-Encoding"):  # an OTLP export's too (proxy/relay/otlp.py)
+            if value := request.headers.get(name_):
+                headers[name_] = value
         # the path as it was checked (encoded as sent, never normalised on the way: proxy/relay/app.py)
         url = URL.build(scheme="http", host="llmtap-primary", path=running.ADMIN_PREFIX + name,
                         query_string=request.query_string, encoded=True)
-        body = await request.read()
+        body = await request.read() if body is None else body
         response: web.StreamResponse | None = None
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers,

@@ -42,7 +42,7 @@ def read_secret_file(path: Path) -> str:
     return text
 
 
-def client_key(path: Path | None = None) -> str:
+def client_key(path: Path | None = None, prefix: str = PREFIX) -> str:
     """The client key, made on first use (owner-only, in an owner-only directory)."""
     path = path or paths.client_key_path()
     try:
@@ -51,7 +51,7 @@ def client_key(path: Path | None = None) -> str:
         if path.exists():
             raise
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = PREFIX + secrets.token_hex(24)
+    key = prefix + secrets.token_hex(24)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:  # another process made it meanwhile
@@ -59,6 +59,12 @@ def client_key(path: Path | None = None) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
     return key
+
+
+def telemetry_token() -> str:
+    """What the agents' OpenTelemetry exports present to llmtap (proxy/relay/otlp.py), made and kept as
+    the client key is; `llmtap setup` writes it into each tool's telemetry settings."""
+    return client_key(paths.telemetry_token_path(), "llmtap-otlp-")
 
 
 def presented(headers: Mapping[str, str], query: Mapping[str, str]) -> list[str]:

@@ -75,9 +75,6 @@ class ServeConfig:
     otel_endpoint: str | None = None  # OTLP/HTTP base URL, e.g. http://127.0.0.1:4318; export is off when unset
     otel_headers: str | None = None  # "key=value,key2=value2", the OTEL_EXPORTER_OTLP_HEADERS form
     otel_service_name: str = "llmtap"
-    # The GenAI metric names of /_llmtap/metrics and OTLP: "current" (the GenAI conventions' latest), or
-    # "legacy" (those of semantic-conventions v1.41.0, for existing dashboards; kept for one release)
-    metrics_names: str = "current"
     # Fetch genai-prices' latest price data hourly (network); off: the data in the installed package
     update_prices: bool = False
     # Credential injection (opt-in): the environment variable holding the real upstream key, for the

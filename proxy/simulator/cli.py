@@ -68,7 +68,7 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
-@click.command("mock-upstream")
+@click.command("mock-upstream", hidden=True)  # for tests, the demo and bench: not in `llmtap --help`
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 @click.option("--ttft-ms", type=MS, default=DEFAULTS.ttft_ms, show_default=True, help="Time to first token.")

@@ -1,6 +1,7 @@
 """POST /v1beta/models/{model}:streamGenerateContent and :generateContent (Gemini).
 
-Gemini does not stream function calls: with tool_call the whole functionCall
+A `functionCall` carries no `id` (the API's is optional: Gemini CLI then makes one up for its
+functionResponse). Gemini does not stream function calls: with tool_call the whole functionCall
 part arrives in one chunk when its last token is due, so for tool calls
 there is one delta for `tokens` candidate tokens.
 """

@@ -1,7 +1,13 @@
-"""POST /v1/chat/completions: OpenAI Chat Completions, streaming or not."""
+"""POST /v1/chat/completions: OpenAI Chat Completions, streaming or not.
+
+A side request that declares no tools and asks for a title (opencode's first request: a system prompt
+"You are a title generator", then "Generate a title for this conversation:") is answered with text even
+where the config asks for tool calls, as the real models do.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -96,9 +102,23 @@ def completion(ex: Exchange) -> Event:
     }
 
 
+def title_request(body: dict[str, Any]) -> bool:
+    """No tools, and a message of the first three asks for a title."""
+    if body.get("tools"):
+        return False
+    messages = body.get("messages")
+    for message in messages[:3] if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and ("title generator" in content or "Generate a title" in content):
+            return True
+    return False
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     ex = await open_exchange(request, "openai")
     body = ex.body
+    if ex.config.tool_call and title_request(body):
+        ex.config = replace(ex.config, tool_call=False)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     ex.plan(model=body.get("model"), max_tokens=max_tokens, stream=body.get("stream"))
     if not ex.stream:

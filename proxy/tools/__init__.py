@@ -4,7 +4,7 @@
   (found through proxy/common/instances.py).
 - ``setup``: the configuration each tool needs, printed or merged into the
   tool's own file through ``config_files`` (backup, atomic replace) and
-  ``toml_edit`` (text edits that keep the rest of a TOML file byte-identical).
+  ``toml_edit`` (tomlkit edits that keep the rest of a TOML file as it was).
 - ``run``: one command through the proxy (the running one, or one on a
   ``background`` thread), tagged, then ``summary`` of its requests.
 - ``doctor``: the checks that explain "my tool does not go through the proxy"

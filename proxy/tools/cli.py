@@ -11,6 +11,8 @@ from proxy.common.instances import DEFAULT_URL, LiveProxy, find_running
 from proxy.common.terminal_text import echo
 from proxy.tools.endpoint import base_urls, strip_v1
 from proxy.tools.setup import CODEX_LOGINS, TOOLS
+from proxy.tools import telemetry_setup
+from proxy.tools.telemetry_setup import Telemetry
 
 
 @click.command()
@@ -26,12 +28,14 @@ from proxy.tools.setup import CODEX_LOGINS, TOOLS
               help="Codex: how it signs in (default: read from its auth.json; a ChatGPT login is kept).")
 @click.option("--data-dir", "cline_data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Cline's --data-dir (default: $CLINE_DATA_DIR, else ~/.cline/data).")
+@click.option("--no-telemetry", is_flag=True,
+              help="Leave out the tool's own OpenTelemetry to llmtap (Claude Code, Codex: its tool runs and approvals).")
 def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None, env_key: str,
-          codex_login: str | None, cline_data_dir: Path | None) -> None:
+          codex_login: str | None, cline_data_dir: Path | None, no_telemetry: bool) -> None:
     """Print (or --write) the config that points TOOL at llmtap."""
     from proxy.settings.client_key import SecretFileError
     from proxy.tools import config_files
-    from proxy.tools.setup import Locations, SetupError, plan
+    from proxy.tools.setup import Locations, plan
     from proxy.tools.setup import write as write_config
 
     live = find_running()
@@ -48,20 +52,43 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         echo(the_plan.text, nl=False)
         for note in the_plan.notes:
             echo(f"# {note}")
+        telemetry = None if no_telemetry else _telemetry(tool, live.url if live else base_url or DEFAULT_URL)
+        agent_file = telemetry_setup.settings_file(tool, the_plan.file, Path.home()) if telemetry else None
+        if telemetry is not None and agent_file is not None:
+            change = telemetry_setup.change(tool, agent_file, telemetry)
+            echo(f"# and in {agent_file}, its own telemetry (--no-telemetry: not):\n{change.shown}# {change.note}")
         if not write:
-            if the_plan.file is not None:
+            if the_plan.file is not None or the_plan.edits:
                 echo(f"# write it there with: llmtap setup {tool} --write")
             return
-        result = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
-    except (SetupError, config_files.ConfigFileError, SecretFileError) as exc:
+        results = write_config(tool, urls, where, env_key, login=codex_login, client_key=key)
+        extra = (telemetry_setup.write(tool, agent_file, telemetry)
+                 if telemetry is not None and agent_file is not None else None)
+    except (ValueError, config_files.ConfigFileError, SecretFileError) as exc:  # SetupError, TOML's too
         raise click.ClickException(str(exc)) from None
-    if not result.changed:
-        echo(f"{result.path} already has this configuration: nothing written")
-    else:
-        echo(f"wrote {result.path}" + (f" (owner-only backup: {result.backup})" if result.backup
-                                       else " (new file, owner-only)"))
-    for line in result.tightened_lines():
-        echo(line)
+    for written in (*results, extra):
+        if written is None:
+            continue
+        if not written.changed:
+            echo(f"{written.path} already has this configuration: nothing written")
+        else:
+            echo(f"wrote {written.path}" + (f" (owner-only backup: {written.backup})" if written.backup
+                                            else " (new file, owner-only)"))
+        for line in written.tightened_lines():
+            echo(line)
+
+
+def _telemetry(tool: str, url: str) -> Telemetry | None:
+    """Where the tool's own OpenTelemetry goes (the proxy's root URL), with the token; None for a tool without."""
+    import urllib.parse
+
+    from proxy.common import paths
+    from proxy.settings.client_key import telemetry_token
+
+    if tool not in telemetry_setup.TOOLS:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    return Telemetry(f"{parts.scheme}://{parts.netloc}", telemetry_token(), str(paths.telemetry_token_path()))
 
 
 def _client_key(live: LiveProxy | None) -> str | None:

@@ -1,8 +1,8 @@
 """`llmtap doctor`: every check that explains "my tool does not go through the proxy" or "every request fails".
 
 The checks, in order: HTTP proxy variables, API-key variables, base URLs (the
-variables and the tool settings that win over them), the running proxy, its fast
-paths (proxy/relay/fast_paths.py), the port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
+variables and the tool settings that win over them), Gemini CLI's auth type, the running proxy, its fast
+paths (proxy/relay/fast_paths.py), the tools' own telemetry (proxy/tools/telemetry_checks.py), the port, the database, and each upstream (DNS, TCP, TLS, GET of its model list).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 from proxy.settings import config as cfg
 from proxy.settings import egress
 from proxy.settings.routes import normal_prefix
-from proxy.tools import env_checks, local_checks, upstream_checks
-from proxy.tools.check import Check, fail, warn
+from proxy.tools import config_files, env_checks, local_checks, telemetry_checks, upstream_checks
+from proxy.tools.check import Check, fail, ok, warn
 from proxy.common.instances import LiveProxy, find_running
 
 
@@ -47,8 +47,10 @@ def diagnose(options: Options) -> list[Check]:
     checks += env_checks.proxy_variables(options.env, live)
     checks += env_checks.api_keys(options.env)
     checks += env_checks.base_urls(options.env, live)
+    checks += gemini_auth(options.env)
     checks.append(local_checks.running_proxy(live))
     checks.append(local_checks.fast_paths(live, options.env))
+    checks += telemetry_checks.telemetry(options.env, live)
     # the running proxy's port and database, not the defaults, unless asked for others
     port = options.port or (urlsplit(live.url).port if live is not None else None)
     db = options.db or (live.db if live is not None else None)
@@ -74,6 +76,29 @@ def diagnose(options: Options) -> list[Check]:
             continue
         checks += upstream_checks.upstream(url, options.env, options.timeout, ca_bundle, proxy)
     return checks
+
+
+def gemini_auth(env: dict[str, str]) -> list[Check]:
+    """Gemini CLI pointed at llmtap (the variable, or ~/.gemini/.env) exits 41 without an auth type, and a
+    Google login does not use the base URL."""
+    gemini = Path(env.get("HOME") or Path.home()) / ".gemini"
+    try:
+        pointed = env.get("GOOGLE_GEMINI_BASE_URL") or "GOOGLE_GEMINI_BASE_URL=" in (
+            config_files.read_text(gemini / ".env") or "")
+        settings = config_files.read_json_object(gemini / "settings.json") or {}
+    except config_files.ConfigFileError as exc:
+        return [fail("Gemini CLI settings", str(exc), "fix the file, or move it aside")]
+    if not pointed:
+        return []
+    subject = f"{gemini / 'settings.json'} security.auth.selectedType"
+    chosen = ((settings.get("security") or {}).get("auth") or {}).get("selectedType")
+    if not chosen:
+        return [fail(subject, "not set: Gemini CLI exits 41 (\"Invalid auth method selected\")",
+                     "llmtap setup gemini-cli --write (sets gemini-api-key where none is)")]
+    if chosen in ("oauth-personal", "cloud-shell", "compute-default-credentials"):
+        return [warn(subject, f"{chosen}: a Google login talks to Code Assist, not to GOOGLE_GEMINI_BASE_URL, "
+                     "so its requests are not measured", "use an API key (gemini-api-key) to go through llmtap")]
+    return [ok(subject, chosen)]
 
 
 def forward_proxy(url: str, env: dict[str, str], config: cfg.ServeConfig | None) -> egress.ForwardProxy | None:

@@ -20,6 +20,7 @@ class BaseUrls:
     openai: str  # with /v1: the OpenAI SDKs, Codex, Cline (both providers)
     # Codex on a ChatGPT login: a route to https://chatgpt.com/backend-api/codex, a base without /v1
     chatgpt: str = ""
+    gemini: str = ""  # no /v1beta: Gemini CLI and the Gemini SDKs append /v1beta/models/...
 
 
 def _pick(prefixes: list[str], word: str) -> str:
@@ -44,7 +45,7 @@ def base_urls(proxy_url: str, prefixes: list[str] | None = None, tag: str | None
         root += TAG_PREFIX + urllib.parse.quote(tag, safe="")
     chatgpt = next((p.rstrip("/") for p in prefixes if "chatgpt" in p.lower()), "/chatgpt")
     return BaseUrls(anthropic=root + _pick(prefixes, "anthropic"), openai=root + _pick(prefixes, "openai") + "/v1",
-                    chatgpt=root + chatgpt)
+                    chatgpt=root + chatgpt, gemini=root + _pick(prefixes, "gemini"))
 
 
 def strip_v1(url: str) -> str:

@@ -13,7 +13,7 @@ import urllib.parse
 from pathlib import Path
 
 from proxy.meter.fingerprint import key_fingerprint
-from proxy.tools import reach
+from proxy.tools import agent_setup, reach
 from proxy.tools.check import Check, fail, ok, warn
 from proxy.common.instances import LiveProxy
 
@@ -30,7 +30,8 @@ KEY_VARIABLES: dict[str, tuple[tuple[str, ...], str] | None] = {
     "AZURE_OPENAI_API_KEY": None,
 }
 # variable -> whether its base URL must end in /v1
-BASE_URL_VARIABLES = {"ANTHROPIC_BASE_URL": False, "OPENAI_BASE_URL": True, "OPENAI_API_BASE": True}
+BASE_URL_VARIABLES = {"ANTHROPIC_BASE_URL": False, "OPENAI_BASE_URL": True, "OPENAI_API_BASE": True,
+                      "GOOGLE_GEMINI_BASE_URL": False, "AIDER_OPENAI_API_BASE": True}
 
 
 def _redact(url: str) -> str:
@@ -173,7 +174,8 @@ def _tool_files(env: dict[str, str]) -> list[tuple[str, str, bool]]:
             found.append((f"{codex / 'config.toml'} openai_base_url", doc["openai_base_url"], True))
     except (OSError, ValueError, AttributeError):
         pass
-    return found
+    config_home = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config"
+    return found + agent_setup.configured_base_urls(home, config_home)  # Gemini CLI, opencode, Qwen Code, aider
 
 
 def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) -> Check:
@@ -188,6 +190,9 @@ def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) ->
     if path.endswith(("/chat/completions", "/responses", "/messages")):
         return fail(subject, "is a full endpoint, not a base URL: the client appends the endpoint itself",
                     f"set it to {root}{'/v1' if wants_v1 else ''}")
+    if path.endswith("/v1beta"):
+        return fail(subject, "ends in /v1beta, but Gemini CLI's SDK appends /v1beta/models/…: requests go to "
+                    "…/v1beta/v1beta/… and get 404", f"set it to {value.strip().rstrip('/')[:-7]}")
     if not wants_v1 and path.endswith("/v1"):
         return fail(subject, "ends in /v1, but Claude Code and the Anthropic SDK append /v1/messages: "
                     "requests go to …/v1/v1/messages and get 404", f"set it to {value.strip().rstrip('/')[:-3]}")

@@ -1,5 +1,5 @@
 """`llmtap keys name k:064b2c1d9e0f work`: a name for a key fingerprint, kept in the config file's
-[key_names] table (proxy/settings/config.py) by a text edit that leaves the rest of the file as it was
+[key_names] table (proxy/settings/config.py) by an edit that leaves the rest of the file as it was
 (proxy/tools/toml_edit.py). `report --limits`, `report --by key`, `check` and serve's warnings show it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from proxy.common.private_file import write_private
 from proxy.common.terminal_text import echo, printable
 from proxy.settings import config as cfg
 from proxy.settings.cli_options import config_option
-from proxy.tools.toml_edit import TomlEditError, set_key_and_table
+from proxy.tools.toml_edit import TomlEditError, set_keys
 
 FINGERPRINT = re.compile(r"k:[0-9a-f]{12}")
 
@@ -40,7 +40,7 @@ def name(fingerprint: str, name: str, config_path: Path | None) -> None:
     path = config_path or paths.default_config_path()
     try:
         text = path.read_text() if path.exists() else ""
-        new = set_key_and_table(text, {}, ("key_names",), {fingerprint: name})
+        new = set_keys(text, {}, ("key_names",), {fingerprint: name})
     except (OSError, TomlEditError, tomllib.TOMLDecodeError) as exc:
         raise click.ClickException(f"cannot edit {path}: {exc}") from None
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ def fast_paths(live: LiveProxy | None, env: dict[str, str]) -> Check:
     if not off:
         return ok("fast paths", detail)
     detail += "; off, the public path runs (slower, as correct): " + "; ".join(f"{n}: {why}" for n, why in off.items())
-    if all(why.endswith(f"({fast.ENV})") for why in off.values()):
+    if all(fast.expected(why) for why in off.values()):
         return ok("fast paths", detail)
     return warn("fast paths", detail, f"for them all: pip install 'aiohttp=={'.'.join(map(str, fast.NEWEST))}', "
                 "or an llmtap release tested with this aiohttp")

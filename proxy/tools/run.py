@@ -11,6 +11,10 @@ Environment variables reach the SDKs, but two CLIs need more:
 - Codex (0.171) ignores OPENAI_BASE_URL, so it gets `-c openai_base_url=…`
   (or `-c model_providers.<its provider>.base_url=…`).
 Cline reads its base URL only from its providers.json (`llmtap setup cline`).
+Gemini CLI reads GOOGLE_GEMINI_BASE_URL (no /v1beta), Qwen Code OPENAI_BASE_URL (the exported variable
+wins over its .env); aider gets AIDER_OPENAI_API_BASE, which wins over its .aider.conf.yml; opencode,
+which has no base-URL variable, gets OPENCODE_CONFIG_CONTENT (merged over its config files) setting
+`options.baseURL` of anthropic, openai and each provider its opencode.json files name.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from proxy.tools.setup import Locations, codex_login
 from proxy.tools.toml_edit import toml_string
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9._:@+=-]{1,100}$")
-BASE_URL_VARIABLES = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_BASE")
+BASE_URL_VARIABLES = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_BASE", "GOOGLE_GEMINI_BASE_URL")
 NO_UPSTREAM = (
     "no running `llmtap serve` and no upstream configured. Give one, for example:\n"
     "  llmtap run --upstream https://api.anthropic.com -- claude -p \"say hi\"\n"
@@ -71,6 +75,7 @@ def child_env(env: dict[str, str], urls: BaseUrls) -> dict[str, str]:
     out["ANTHROPIC_BASE_URL"] = urls.anthropic
     out["OPENAI_BASE_URL"] = urls.openai
     out["OPENAI_API_BASE"] = urls.openai
+    out["GOOGLE_GEMINI_BASE_URL"] = urls.gemini
     for name in ("NO_PROXY", "no_proxy"):
         present = [h.strip() for h in out.get(name, "").split(",") if h.strip()]
         missing = [h for h in ("127.0.0.1", "localhost", "::1") if h not in present]
@@ -117,6 +122,34 @@ def tool_arguments(command: list[str], urls: BaseUrls, env: dict[str, str]) -> t
     if name == "cline":
         return command, ["cline reads its base URL from providers.json only (set it with `llmtap setup cline --write`)"]
     return command, []
+
+
+def tool_env(command: list[str], urls: BaseUrls, env: dict[str, str], cwd: Path) -> dict[str, str]:
+    """Variables a tool needs beyond the base URLs of child_env (module docstring)."""
+    name = Path(command[0]).name
+    if name == "aider":
+        return {"AIDER_OPENAI_API_BASE": urls.openai}
+    if name == "opencode":
+        providers = {"anthropic", "openai", *opencode_providers(env, cwd)}
+        config = {"provider": {p: {"options": {"baseURL": urls.anthropic + "/v1" if p == "anthropic" else urls.openai}}
+                               for p in sorted(providers)}}
+        return {"OPENCODE_CONFIG_CONTENT": json.dumps(config)}
+    return {}
+
+
+def opencode_providers(env: dict[str, str], cwd: Path) -> list[str]:
+    """The providers opencode's global config and the opencode.json files from `cwd` up name."""
+    home = Path(env.get("HOME") or Path.home())
+    config_home = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config"
+    files = [config_home / "opencode" / "opencode.json", *(d / "opencode.json" for d in (cwd, *cwd.parents))]
+    names: list[str] = []
+    for file in files:
+        try:
+            provider = json.loads(file.read_text()).get("provider")
+        except (OSError, ValueError, AttributeError):
+            continue
+        names += list(provider) if isinstance(provider, dict) else []
+    return names
 
 
 def run_command(command: list[str], env: dict[str, str]) -> int:
@@ -230,11 +263,14 @@ def _start(config: cfg.ServeConfig, report: Callable[[str], None]) -> "Backgroun
 def _launch(command: list[str], env: dict[str, str], urls: BaseUrls, tag: str, report: Callable[[str], None], *,
             query: summary.Query, after: Callable[[], None], tagged: bool) -> Outcome:
     argv, notes = tool_arguments(command, urls, env)
+    extra = tool_env(command, urls, env, Path.cwd())
+    notes += [f"{Path(command[0]).name} gets {k}={v}" for k, v in extra.items()]
     for note in notes:
         report(f"llmtap run: {note}")
-    report(f"llmtap run: tag {tag}; ANTHROPIC_BASE_URL={urls.anthropic} OPENAI_BASE_URL={urls.openai}")
+    report(f"llmtap run: tag {tag}; ANTHROPIC_BASE_URL={urls.anthropic} OPENAI_BASE_URL={urls.openai} "
+           f"GOOGLE_GEMINI_BASE_URL={urls.gemini}")
     start = datetime.now(timezone.utc) - timedelta(seconds=1)
-    code = run_command(argv, child_env(env, urls))
+    code = run_command(argv, child_env(env, urls) | extra)
     after()
     end = datetime.now(timezone.utc) + timedelta(seconds=1)
     try:

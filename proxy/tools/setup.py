@@ -8,6 +8,7 @@
 | cline         | <data-dir>/settings/providers.json        | yes (both providers) |
 | openai-sdk    | OPENAI_BASE_URL                           | yes                  |
 | anthropic-sdk | ANTHROPIC_BASE_URL                        | no                   |
+| gemini-cli, opencode, qwen-code, aider | proxy/tools/agent_setup.py (a table) |  |
 
 Subscription logins stay as they are: Claude Code gets only its base URL (a key
 variable would replace a Claude login), and Codex on a ChatGPT login gets only
@@ -31,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from proxy.tools import config_files, toml_edit
+from proxy.tools import agent_setup, config_files, toml_edit
 from proxy.tools.endpoint import BaseUrls
 
-TOOLS = ("claude-code", "codex", "cline", "openai-sdk", "anthropic-sdk")
+TOOLS = ("claude-code", "codex", "cline", *agent_setup.TARGETS, "openai-sdk", "anthropic-sdk")
 CODEX_PROVIDER = "llmtap"
 # Where Codex sends a ChatGPT login's requests (codex-rs/model-provider-info: the built-in `openai`
 # provider's default base URL when auth is ChatGPT); `openai_base_url` in config.toml overrides it.
@@ -59,6 +60,8 @@ class Locations:
     claude_settings: Path
     codex_config: Path
     cline_providers: Path
+    home: Path = Path.home()
+    config_home: Path = Path.home() / ".config"  # $XDG_CONFIG_HOME (opencode)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, codex_home: Path | None = None,
@@ -68,7 +71,8 @@ class Locations:
         claude_dir = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home / ".claude"
         codex_dir = codex_home or (Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex")
         return cls(claude_settings=claude_dir / "settings.json", codex_config=codex_dir / "config.toml",
-                   cline_providers=_cline_providers(env, home, cline_data_dir))
+                   cline_providers=_cline_providers(env, home, cline_data_dir), home=home,
+                   config_home=Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config")
 
     @property
     def codex_auth(self) -> Path:
@@ -95,6 +99,7 @@ class Plan:
     text: str
     file: Path | None = None
     notes: list[str] = field(default_factory=list)
+    edits: list[agent_setup.FileEdit] = field(default_factory=list)  # the table's targets: one per file
 
 
 def codex_login(where: Locations) -> str | None:
@@ -136,6 +141,11 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
          login: str | None = None, client_key: str | None = None) -> Plan:
     """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json. `client_key`:
     the proxy injects the upstream key, so the tool presents llmtap's client key."""
+    if tool in agent_setup.TARGETS:
+        edits = agent_setup.edits(tool, urls, where.home, where.config_home, client_key)
+        text = "".join(f"# {e.path}\n{agent_setup.printed(e)}" for e in edits)
+        keys = [f"the key set is {INJECTED}"] if client_key else []
+        return Plan(tool, text, None, [*agent_setup.TARGETS[tool].notes, *keys], edits)
     if tool == "claude-code":
         text = config_files.json_text(claude_settings({}, urls, client_key))
         key_note = (f"ANTHROPIC_AUTH_TOKEN is {INJECTED}" if client_key else
@@ -264,12 +274,20 @@ def cline_merge(data: dict[str, Any], urls: BaseUrls, now: datetime, client_key:
 
 def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPENAI_API_KEY",
           now: datetime | None = None, login: str | None = None, client_key: str | None = None
-          ) -> config_files.WriteResult:
-    """Merge the tool's configuration into its file (backup first; no change, no write). With
+          ) -> list[config_files.WriteResult]:
+    """Merge the tool's configuration into its files (backup first; no change, no write). With
     `client_key`, the file holds a secret: it ends owner-only, and so do its backups."""
     now = now or datetime.now(timezone.utc)
     secret = bool(client_key)
     the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
+    if the_plan.edits:
+        return [agent_setup.write(edit, now, secret and client_key in edit.set.values()) for edit in the_plan.edits]
+    return [_write_one(tool, the_plan, urls, where, codex_env_key, now, login, client_key)]
+
+
+def _write_one(tool: str, the_plan: Plan, urls: BaseUrls, where: Locations, codex_env_key: str, now: datetime,
+               login: str | None, client_key: str | None) -> config_files.WriteResult:
+    secret = bool(client_key)
     path = the_plan.file
     if path is None:
         raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
@@ -278,12 +296,12 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
         old = config_files.read_text(path)
         try:
             if (login or codex_login(where)) == "chatgpt":
-                new = toml_edit.set_top_keys(old or "", {"openai_base_url": urls.chatgpt})
+                new = toml_edit.set_keys(old or "", {"openai_base_url": urls.chatgpt})
             else:
-                new = toml_edit.set_key_and_table(old or "", {"model_provider": CODEX_PROVIDER},
-                                                  ("model_providers", CODEX_PROVIDER),
-                                                  codex_provider(urls, codex_env_key, client_key))
-        except toml_edit.tomllib.TOMLDecodeError as exc:
+                new = toml_edit.set_keys(old or "", {"model_provider": CODEX_PROVIDER},
+                                         ("model_providers", CODEX_PROVIDER),
+                                         codex_provider(urls, codex_env_key, client_key))
+        except tomllib.TOMLDecodeError as exc:
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None

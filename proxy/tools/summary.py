@@ -92,7 +92,7 @@ COST_COLUMNS = ("response_model", "request_model", "upstream_host", "started_at"
 
 
 def cost(query: "Query", where: str) -> Cost:
-    columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind = 'generation'"
+    columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind IN ('generation', 'side')"
                              " AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) LIMIT 100000")
     usd: float | None = None
     unpriced, subscription = 0, False

@@ -678,21 +678,9 @@
     if (!("since" in params)) params.since = "24h";
     show(h("h1", null, "Overview"), h("p", { "class": "muted" }, "Loading…"));
     Promise.all([get("overview", params), facets()]).then(function (got) {
-      var d = got[0], t = d.totals;
-      var summary = d.summary.map(function (r) {
-        var q = function (list, i) { return list ? list[i] : null; };
-        return h("tr", { "data-model": r.model == null ? "" : r.model },
-          cell(r.model, r.model == null ? "All models" : r.model, "text"), cell(r.requests, count(r.requests), "num"),
-          cell(r.error_pct, r.error_pct == null ? "–" : r.error_pct.toFixed(1) + "%", "num"),
-          cell(q(r.ttft_ms, 0), ms(q(r.ttft_ms, 0)), "num"), cell(q(r.ttft_ms, 2), ms(q(r.ttft_ms, 2)), "num"),
-          cell(q(r.tpot_ms, 0), ms(q(r.tpot_ms, 0)), "num"), cell(q(r.e2e_ms, 0), ms(q(r.e2e_ms, 0)), "num"),
-          cell(q(r.e2e_ms, 1), ms(q(r.e2e_ms, 1)), "num"), cell(r.output_tokens, count(r.output_tokens), "num"));
-      });
-      var cards = d.charts.map(function (c) {
-        return h("figure", { "class": "card" }, h("figcaption", null, h("h2", null, c.title), c.note ? h("p", { "class": "note" }, c.note) : null),
-          c.series.length ? h("div", { "class": "chart", id: "chart-" + c.id }) : h("p", { "class": "muted" }, "No data for this chart."));
-      });
+      var root = h("div", { id: "overview" });
       show(h("h1", null, "Overview"), filterForm("overview", params, ["since", "until", "model", "tool", "tag"], got[1]),
+<<<<<<< HEAD
         h("p", { "class": "muted" }, "Generations only (no token counts, probes, model lists: every request's errors are in Requests and" +
           " llmtap errors); the charts of llmtap report --html, from the same queries."),
         h("div", { "class": "kpis" }, kpi("generations", count(t.requests)), kpi("errors among generations", count(t.errors)), kpi("models", count(t.models)),
@@ -704,6 +692,10 @@
       if (drawable.length && window.llmtapDrawCharts) {
         window.llmtapDrawCharts({ palette: d.palette, other: d.other, charts: drawable }).forEach(function (p) { plots.push(p.plot); });
       }
+=======
+        h("p", { "class": "muted" }, "Generations: the page of llmtap report --html, drawn by the same code."), root);
+      window.llmtapOverview(root, got[0]).forEach(function (p) { plots.push(p.plot); });
+>>>>>>> main
     }).catch(failed);
   }
 
