@@ -323,9 +323,10 @@ def report(by: str, sort: str | None, show_limits: bool, show_breakdown: bool, h
 
             from analysis.html.report import render_html
 
-            title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            write_private(html_path, render_html(source.query, where=filters.where(), title=title,
-                                                 by=(by, report_mod.GROUPINGS[by])))
+            counted = "generations" if filters.kinds == ("generation",) else "requests"
+            write_private(html_path, render_html(source.query, where=filters.where(), title=f"llmtap report: {counted}"
+                                                 if counted == "generations" else "llmtap report",
+                                                 by=(by, report_mod.GROUPINGS[by]), counted=counted))
     echo(text, nl=False)
     if html_path is not None:
         echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)

@@ -601,5 +601,5 @@ async def test_requests_fits_1400_px_and_cuts_no_session_id_mid_word(world: Worl
     assert box[0] <= box[1], box  # no column scrolled off at 1,400 px
     ids = await b.evaluate("[...document.querySelectorAll('table.requests tbody tr')].map(tr => tr.children[13].textContent)")
     assert set(ids) == {SESSION[:13] + "…"}  # as `llmtap sessions` prints it, which `llmtap session` takes back
-    await world.page("#/overview", "!!document.querySelector('.kpi')")
-    assert "errors among generations" in await world.text()
+    await world.page("#/overview", "!!document.querySelector('#overview .kpi')")
+    assert "Errors among the generations" in await world.text() and "Generations" in await world.text()

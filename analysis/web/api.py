@@ -207,7 +207,8 @@ def overview(query: Query, params: Params, rest: str) -> Answer:
     from analysis.html.queries import fetch_report_data
 
     data = fetch_report_data(query, filters_of(params, kinds=("generation",)).where())
-    return dump(overview_data(data, build_charts(data) if data["totals"]["requests"] else [], filtered=True))
+    return dump(overview_data(data, build_charts(data) if data["totals"]["requests"] else [], filtered=True,
+                              counted="generations"))
 
 
 def _gap_s(params: Params) -> float:

@@ -680,22 +680,9 @@
     Promise.all([get("overview", params), facets()]).then(function (got) {
       var root = h("div", { id: "overview" });
       show(h("h1", null, "Overview"), filterForm("overview", params, ["since", "until", "model", "tool", "tag"], got[1]),
-<<<<<<< HEAD
-        h("p", { "class": "muted" }, "Generations only (no token counts, probes, model lists: every request's errors are in Requests and" +
-          " llmtap errors); the charts of llmtap report --html, from the same queries."),
-        h("div", { "class": "kpis" }, kpi("generations", count(t.requests)), kpi("errors among generations", count(t.errors)), kpi("models", count(t.models)),
-          kpi("input tokens", count(t.input_tokens)), kpi("output tokens", count(t.output_tokens))),
-        summary.length ? table(["model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "E2E p50", "E2E p99", "out tokens"], summary,
-          { label: "Per model", cls: "summary" }) : h("p", { "class": "muted" }, "No generation in this window."),
-        h("section", { "class": "grid" }, cards));
-      var drawable = d.charts.filter(function (c) { return c.series.length; });
-      if (drawable.length && window.llmtapDrawCharts) {
-        window.llmtapDrawCharts({ palette: d.palette, other: d.other, charts: drawable }).forEach(function (p) { plots.push(p.plot); });
-      }
-=======
-        h("p", { "class": "muted" }, "Generations: the page of llmtap report --html, drawn by the same code."), root);
+        h("p", { "class": "muted" }, "Generations only (no token counts, probes, model lists: Requests and llmtap errors count every request);" +
+          " the page of llmtap report --html, drawn by the same code."), root);
       window.llmtapOverview(root, got[0]).forEach(function (p) { plots.push(p.plot); });
->>>>>>> main
     }).catch(failed);
   }
 
