@@ -482,7 +482,8 @@ def sessions(gap_min: float, limit: int, filters: Filters, db_path: Path, source
 def session(session_id: str, gap_min: float, since: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """One agent session as a timeline: model, tool and you spans.
 
-    ID is a session as `llmtap sessions` lists it (any unique prefix). A
+    ID is a session as `llmtap sessions` lists it (any unique prefix,
+    pasted with its … too; an inferred session's ~ may be left off). A
     line per span, on one time scale: the model's wait for its first token
     and its generating, each tool run (from the end of the call's block to
     the request that brought the result; calls made together share a

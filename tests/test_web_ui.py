@@ -563,6 +563,11 @@ async def test_the_sessions_list_draws_a_bar_per_session_on_one_scale(world: Wor
             assert width == pytest.approx(shown[key]["width"] * seconds / max(s["wall_s"], 1e-9), abs=1.5), (key, part)
     other = await b.evaluate("[...document.querySelectorAll('table.sessions th')].map(th => th.textContent)")
     assert "other" in other
+    about = await b.evaluate(f"document.querySelector('tr[data-session=\"{SESSION}\"] td.who small').textContent")
+    assert about == "claude-code · first lookup" == " · ".join(
+        [listed[SESSION]["tool"], "first " + listed[SESSION]["first_tool"]])  # the CLI's JSON's project (none) and first tool
+    assert "start (UTC)" in other and len(await b.evaluate(
+        "document.querySelector('tr[data-session] td.when').textContent")) == len("2026-12-0510:44:42")  # to the second (the date and time on two lines)
 
 
 async def test_a_sessions_turns_and_its_time_axis(world: World) -> None:
