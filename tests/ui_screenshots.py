@@ -27,7 +27,7 @@ from proxy.simulator.config import SimConfig
 
 from .browser import Chromium, find_chromium
 from .test_timeline import agent
-from .test_web_ui import World, login
+from .test_web_ui import World, login, qwen_turn_and_side_request
 
 WIDTHS, HEIGHT = (1400, 800), 900
 MODELS = (("gpt-4o-mini", "/v1/chat/completions", 180, 8), ("claude-sonnet-4-5", "/v1/messages", 420, 18),
@@ -105,6 +105,7 @@ async def main(out: Path) -> None:
             await traffic(proxy.url)
             real = await claude_sessions(proxy.url, tmp)
             await agent(proxy.url)
+            await qwen_turn_and_side_request(proxy.url)  # a turn and its side request (kind 'side')
             assert proxy.flush(10)
             print("sessions:", "real Claude Code (claude -p) and the simulated agent" if real else "the simulated agent only")
             _, _, [(session,)] = proxy.store.query(
@@ -132,6 +133,15 @@ async def main(out: Path) -> None:
                         await browser.evaluate(PAINTED)
                         suffix = "" if width == WIDTHS[0] else f"-{width}"
                         await browser.screenshot(out / f"ui-{name}{suffix}.png", full_page=name in ("session", "request"))
+                _, _, [(turn,)] = proxy.store.query("SELECT id FROM requests WHERE request_model = 'qwen3-coder'"
+                                                    " AND kind = 'generation'")
+                await browser.resize(WIDTHS[0], 560)
+                await world.page(f"#/request/{turn}", "!!document.querySelector('#session-link')")
+                await browser.evaluate("document.getElementById('session-link').click(); 1")
+                await browser.wait_for("!!document.querySelector('#gantt details.side')")
+                await browser.evaluate("document.querySelector('#gantt details.side').open = true; 1")
+                await browser.evaluate(PAINTED)
+                await browser.screenshot(out / "ui-session-side.png", full_page=False)
                 assert browser.errors == [], browser.errors
     print(f"wrote the screenshots to {out}")
 

@@ -634,12 +634,14 @@
   function sessionPage(key, params) {
     show(h("h1", null, "Session " + key), h("p", { "class": "muted" }, "Loading…"));
     get("session/" + encodeURIComponent(key), params).then(function (s) {
-      var t = s.totals, wall = Math.max(s.wall_s, 1e-9);
+      var t = s.totals;
+      var wall = (s.side || []).reduce(function (m, r) { return Math.max(m, r.start_s + (r.e2e_ms || 0) / 1000); },
+                                       Math.max(s.wall_s, 1e-9));  // a side request after the last turn is on the scale too
       var gantt = h("div", { id: "gantt", "class": "bars" });
       turnsOf(s).forEach(function (turn, i) {
         add(gantt, h("div", { "class": "turn", "data-turn": i + 1 }, "Turn " + (i + 1) + " · +" + secs(turn.spans[0].start_s)));
         add(gantt, rows(turn.spans.map(function (sp) {
-          return { label: spanLabel(sp), start: sp.start_s, size: sp.seconds == null ? wall - sp.start_s : sp.seconds, value: sp.seconds,
+          return { label: spanLabel(sp), start: sp.start_s, size: sp.seconds == null ? s.wall_s - sp.start_s : sp.seconds, value: sp.seconds,
                    text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
         }), wall, function (it) { return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : ""); }));
         if (turn.side.length) {
