@@ -323,9 +323,10 @@ def report(by: str, sort: str | None, show_limits: bool, show_breakdown: bool, h
 
             from analysis.html.report import render_html
 
-            title = "llmtap report: generations" if filters.kinds == ("generation",) else "llmtap report"
-            write_private(html_path, render_html(source.query, where=filters.where(), title=title,
-                                                 by=(by, report_mod.GROUPINGS[by])))
+            counted = "generations" if filters.kinds == ("generation",) else "requests"
+            write_private(html_path, render_html(source.query, where=filters.where(), title=f"llmtap report: {counted}"
+                                                 if counted == "generations" else "llmtap report",
+                                                 by=(by, report_mod.GROUPINGS[by]), counted=counted))
     echo(text, nl=False)
     if html_path is not None:
         echo(f"wrote {html_path} (open it in a browser; it needs no network)", err=True)
@@ -481,7 +482,8 @@ def sessions(gap_min: float, limit: int, filters: Filters, db_path: Path, source
 def session(session_id: str, gap_min: float, since: str, db_path: Path, sources: tuple[str, ...], fmt: str) -> None:
     """One agent session as a timeline: model, tool and you spans.
 
-    ID is a session as `llmtap sessions` lists it (any unique prefix). A
+    ID is a session as `llmtap sessions` lists it (any unique prefix,
+    pasted with its … too; an inferred session's ~ may be left off). A
     line per span, on one time scale: the model's wait for its first token
     and its generating, each tool run (from the end of the call's block to
     the request that brought the result; calls made together share a

@@ -42,6 +42,7 @@ class ErrorGroup:
     hosts: list[str] = field(default_factory=list)
     empty_choices_chunks: int = 0
     kinds: list[str] = field(default_factory=list)  # proxy/meter/request_kind.py's, '(none)' for NULL
+    methods: list[str] = field(default_factory=list)
 
 
 def _evidence(column: str) -> str:
@@ -58,7 +59,8 @@ SELECT outcome, status, error_type, count(*) AS count, tool,
   list_slice(list_sort(list(DISTINCT error_message)), 1, {EVIDENCE}) AS messages,
   {_evidence('upstream_host')} AS hosts,
   CAST(coalesce(sum(empty_choices_chunks), 0) AS BIGINT) AS empty_choices_chunks,
-  {_evidence('kind')} AS kinds
+  {_evidence('kind')} AS kinds,
+  {_evidence('method')} AS methods
 FROM requests
 WHERE ({{where}}) AND error
 GROUP BY ALL
@@ -231,11 +233,16 @@ def empty_choices(g: ErrorGroup) -> str | None:
 
 
 def probe(g: ErrorGroup) -> str | None:
-    """Failed HEAD / OPTIONS warm-ups (Claude Code sends `HEAD /` before each prompt)."""
+    """Failed probes (HEAD, OPTIONS, GET /), worded by the group's methods and tool: Claude Code's
+    `HEAD /` before each prompt is a warm-up it ignores; another's `GET /` asked for a page."""
     if g.kinds != ["probe"]:
         return None
-    return ("these are warm-up probes (HEAD /, as Claude Code sends): the tool ignores the answer,"
-            " so they are harmless")
+    asked = f"{'/'.join(g.methods) or 'probe'} {_listed(g.paths)}"
+    if g.tool == "claude-code" and set(g.methods) <= {"HEAD", "OPTIONS"}:
+        return f"these are warm-up probes ({asked}, as Claude Code sends before each prompt): it ignores the answer, so they are harmless"
+    sender = g.tool or "an unnamed client"
+    return (f"{asked} from {sender}: a probe, not a model call (the upstream has no page there);"
+            " harmless unless that client expects an answer")
 
 
 Rule = Callable[[ErrorGroup], "str | None"]

@@ -17,7 +17,7 @@ from analysis.timeline import Session, Span, Totals
 WIDTH = 80
 GANTT_WIDTH = 36
 TOP_TOOLS = 3
-PART_NAMES = {"wait": "first token", "you": ""}  # how a span's part reads in the chart (tools: their names)
+PART_NAMES = {"you": ""}  # how a span's part reads in the chart (tools: their names; `wait` as the JSON and the UI name it)
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -37,13 +37,14 @@ def share(part: float, whole: float) -> str:
 
 def top_tools(totals: Totals, n: int = TOP_TOOLS) -> str:
     tools = list(totals.tools_s.items())[:n]
-    return " ".join(f"{name} {share(s, totals.wall_s)}" for name, s in tools) or "-"
+    return ", ".join(f"{name} {share(s, totals.wall_s)}" for name, s in tools) or "-"
 
 
 def session_json(s: Session, spans: bool = False) -> dict[str, Any]:
     t = s.totals
     out: dict[str, Any] = {
         "session": s.key, "session_id": s.session_id, "inferred": s.inferred, "tool": s.tool,
+        "project": s.project, "first_tool": s.first_tool,
         "start": datetime.fromtimestamp(s.start_s, timezone.utc).isoformat(), "wall_s": round(t.wall_s, 3),
         "turns": s.turns, "requests": s.requests, "models": s.models,
         "totals": {"model_s": round(t.model_s, 3), "wait_s": round(t.wait_s, 3), "generating_s": round(t.generating_s, 3),
@@ -90,7 +91,7 @@ def render_sessions(found: list[Session], fmt: str, total: int | None = None) ->
     for s in found:
         if s.slow:
             notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
-    notes.append("Each instant once: the model (waiting for its first token, generating), tools, you, other.")
+    notes.append("Each instant once: the model (wait: for its first token; gen: generating), tools, you, other.")
     if total is not None and total > len(found):
         notes.append(f"The newest {len(found)} of {total:,} sessions in this window: --limit N for more,"
                      " --since for another window (all: every one).")
@@ -126,7 +127,7 @@ def _gantt_line(span: Span, origin: float, wall: float, end: float) -> str:
 
 def _totals_lines(t: Totals, s: Session) -> list[str]:
     lines = [f"Time, wall {fmt_s(t.wall_s)}, each instant counted once:",
-             f"  model   {fmt_s(t.model_s):>7}  {share(t.model_s, t.wall_s):>4}   first token {fmt_s(t.wait_s)}"
+             f"  model   {fmt_s(t.model_s):>7}  {share(t.model_s, t.wall_s):>4}   wait {fmt_s(t.wait_s)}"
              f" ({share(t.wait_s, t.wall_s)}), generating {fmt_s(t.generating_s)} ({share(t.generating_s, t.wall_s)})",
              f"  tools   {fmt_s(t.tool_s):>7}  {share(t.tool_s, t.wall_s):>4}   "
              + (", ".join(f"{truncate(n, 24)} {fmt_s(v)}" for n, v in t.tools_s.items()) or "-"),

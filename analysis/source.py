@@ -11,6 +11,7 @@ arrive as ISO strings.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,7 +91,7 @@ def open_source(db_path: str | Path, *, writes_to: str | Path | None = None, loc
     for what needs more (httpfs, for an export to object storage)."""
     path = Path(db_path).expanduser()
     if not path.exists():
-        raise SourceError(f"no database at {path} yet: run `llmtap serve` or `llmtap demo` first")
+        raise SourceError(f"no database at {path} yet: {_elsewhere() or 'run `llmtap serve` or `llmtap demo` first'}")
     try:
         con = duck.connect(path, read_only=True)
     except (duckdb.IOException, duckdb.ConnectionException) as exc:
@@ -107,6 +108,15 @@ def open_source(db_path: str | Path, *, writes_to: str | Path | None = None, loc
     except duckdb.Error as exc:
         con.close()
         raise SourceError(f"cannot read {path}: {exc}") from None
+
+
+def _elsewhere() -> str | None:
+    """Where the running `llmtap serve`s record, and how to read it, when they record to another file."""
+    found = [s for s in running.states() if s.db]
+    if not found:
+        return None
+    return "; ".join(f"the running `llmtap serve` on port {s.port} records to {s.db}: read it with"
+                     f" --db {shlex.quote(s.db or '')}" for s in found)
 
 
 def _is_lock_error(exc: duckdb.Error) -> bool:

@@ -107,7 +107,7 @@ def _median_sql(values: str) -> str:
 COUNT_SQL = GROUPED_SQL + "SELECT count(DISTINCT (seen, part)) FROM p"
 COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "ttft_ms", "session_id", "tool",
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
-           "outcome")
+           "outcome", "{project} AS project")
 # Each call of the requests in a stretch of time and when its result came (analysis/views.py's pairing).
 RUNS_SQL = """
 SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended FROM ({runs})
@@ -189,6 +189,12 @@ class Session:
     spans: list[Span]
     totals: Totals
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
+    project: str | None = None  # the project its tool said it works in (its last request's that says one)
+
+    @property
+    def first_tool(self) -> str | None:
+        """The tools of its first tool span (`Bash+Read`): with the project, what tells sessions apart."""
+        return next((s.part for s in self.spans if s.kind == "tool"), None)
 
 
 def a_week(filters: Filters) -> Filters:
@@ -226,10 +232,22 @@ def newest(query: Query, where: str = "TRUE", gap_s: float = GAP_S, count: int |
 
 def matching(query: Query, key: str, where: str = "TRUE", gap_s: float = GAP_S) -> list[Session]:
     """`find(sessions(...), key)`: the sessions whose key is `key`, else those it starts, their
-    timelines alone built (`llmtap session KEY`, the web UI's session page)."""
-    k = sql_string(key)
-    return _picked(query, where, gap_s, f"CASE WHEN sum((key = {k})::INTEGER) OVER () > 0 THEN key = {k}"
-                                        f" ELSE starts_with(key, {k}) END")[1]
+    timelines alone built (`llmtap session KEY`, the web UI's session page). `key` as `llmtap sessions`
+    prints it is taken back (`9d1118b7-6f36…`, with its slow mark ` !`), and an inferred session's
+    without its `~`."""
+    key = pasted(key)
+    for k in (sql_string(key), sql_string("~" + key)):
+        found = _picked(query, where, gap_s, f"CASE WHEN sum((key = {k})::INTEGER) OVER () > 0 THEN key = {k}"
+                                             f" ELSE starts_with(key, {k}) END")[1]
+        if found or key.startswith("~") or not key:
+            return found
+    return found
+
+
+def pasted(key: str) -> str:
+    """A session key as `llmtap sessions` printed it: its shortening's `…` (or `...`) and slow mark cut off."""
+    key = key.strip().removesuffix("!").rstrip()
+    return key.removesuffix("…").removesuffix("...")
 
 
 def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool = True) -> tuple[int, list[Session]]:
@@ -309,7 +327,8 @@ def slow_sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> li
 def _grouped(query: Query, where: str, gap_s: float) -> tuple[set[str], dict[str, str]]:
     """The columns the database has (a bare table or an older database lacks some) and GROUPED_SQL's terms."""
     have = set(query("SELECT * FROM requests LIMIT 0")[0])
-    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL")
+    columns = ", ".join(COLUMNS).format(cost="cost_usd" if "cost_usd" in have else "NULL",
+                                        project="project" if "project" in have else "NULL")
     return have, {"columns": columns, "where": where, "gap": repr(float(gap_s))}
 
 
@@ -334,7 +353,8 @@ def timeline(rows: list[dict[str, Any]], runs: Runs) -> Session:
         start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.kind == "you" for s in spans),
         input_tokens=_sum(r["input_tokens"] for r in rows), output_tokens=_sum(r["output_tokens"] for r in rows),
         cost_usd=_sum(r["cost_usd"] for r in rows), models=sorted({r["request_model"] for r in rows if r["request_model"]}),
-        spans=spans, totals=totals(spans, start, end))
+        spans=spans, totals=totals(spans, start, end),
+        project=next((r["project"] for r in reversed(rows) if r.get("project")), None))
 
 
 def _key(first: dict[str, Any]) -> str:

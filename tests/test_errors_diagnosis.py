@@ -245,10 +245,10 @@ def test_errors_table(db: Path) -> None:
 
 def test_errors_csv_with_filters(db: Path) -> None:
     assert run("errors", "--db", str(db), "--tool", "codex", "--format", "csv") == """\
-outcome,status,error_type,count,tool,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,causes
-upstream_timeout,504,upstream_timeout,1,codex,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,generation,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
-http_error,500,server_error,1,codex,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,generation,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
-http_error,404,invalid_request_error,1,codex,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,generation,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
+outcome,status,error_type,count,tool,last_seen,paths,models,keys,retry_after,messages,hosts,empty_choices_chunks,kinds,methods,causes
+upstream_timeout,504,upstream_timeout,1,codex,2026-11-29 10:30,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,upstream api.openai.com did not answer in time (timed out),api.openai.com,0,generation,POST,"the upstream was silent longer than llmtap's timeout (overloaded?): retry, or raise `llmtap serve --connect-timeout/--idle-timeout`"
+http_error,500,server_error,1,codex,2026-11-29 09:10,/openai/v1/responses,gpt-5,k:2b8d4e60aa17,,The server had an error while processing your request. Sorry about that!,api.openai.com,0,generation,POST,upstream failing (HTTP 500): retry later with backoff; check the provider's status page
+http_error,404,invalid_request_error,1,codex,2026-11-28 16:45,/openai/v1/responses,gpt-5o,k:2b8d4e60aa17,,The model `gpt-5o` does not exist or you do not have access to it.,api.openai.com,0,generation,POST,"unknown model gpt-5o: check the model id for typos, and that the key may use it"
 """
 
 
@@ -280,3 +280,32 @@ def test_errors_fail_exits_1_only_when_something_failed(db: Path) -> None:
     clean = CliRunner().invoke(main, ["errors", "--db", str(db), "--fail", "--tag", "refactor", "--since", "2026-11-30"])
     assert clean.exit_code == 0 and "nothing to diagnose" in clean.output
     assert CliRunner().invoke(main, ["errors", "--db", str(db)]).exit_code == 0  # without --fail: 0
+
+
+async def test_a_failed_probe_is_worded_by_its_method_and_tool(tmp_path: Path) -> None:
+    """Through the proxy to an upstream with no page at /: curl's `GET /` and Claude Code's `HEAD /` both
+    404; `llmtap errors` calls only Claude Code's a warm-up, and names each by its own method and tool."""
+    import aiohttp
+    from aiohttp import web
+
+    from .conftest import proxy_config
+    from .serving import RunningProxy
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", lambda request: web.Response(status=404, text="Not Found"))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with RunningProxy(proxy_config(f"http://127.0.0.1:{runner.addresses[0][1]}", tmp_path)) as proxy:
+            async with aiohttp.ClientSession() as s:
+                for method, agent in (("GET", "curl/8.5.0"), ("HEAD", "claude-cli/2.1.197 (external, cli)")):
+                    async with s.request(method, proxy.url + "/", headers={"User-Agent": agent}) as r:
+                        assert r.status == 404
+            assert proxy.flush(10)
+    finally:
+        await runner.cleanup()
+    shown = {g["tool"]: g for g in json.loads(run("errors", "--db", str(tmp_path / "llmtap.duckdb"), "--format", "json"))["groups"]}
+    curl, claude = " ".join(shown["curl"]["causes"]), " ".join(shown["claude-code"]["causes"])
+    assert curl.startswith("GET / from curl: a probe") and "warm-up" not in curl and "HEAD" not in curl
+    assert claude.startswith("these are warm-up probes (HEAD /, as Claude Code sends")

@@ -55,3 +55,43 @@ async def test_the_admin_client_finds_the_proxy_holding_a_database(sim: Simulato
     assert live is not None and live.url == p.url and live.health["ok"] is True
     assert other is None and refused is None
     assert (columns, found, truncated) == (["n"], [(0,)], False)
+
+
+async def test_a_query_without_db_names_the_file_serve_records_to(sim: Simulator, tmp_path: Path) -> None:
+    """`llmtap serve --db elsewhere` runs; `llmtap report` without --db finds no file at the default
+    path and says where serve records, and how to read it."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    elsewhere = tmp_path / "elsewhere" / "team.duckdb"
+    elsewhere.parent.mkdir()
+    async with RunningProxy(proxy_config(sim.url, tmp_path, db=str(elsewhere))) as p:
+        running.write_state(host="127.0.0.1", port=p.port, db=str(elsewhere), admin_token=p.admin_token)
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["report"])
+    assert result.exit_code != 0
+    assert f"records to {elsewhere}: read it with --db {elsewhere}" in result.output, result.output
+    assert f"port {p.port}" in result.output
+
+
+async def test_llmtap_ui_says_which_of_two_serves_it_opened(sim: Simulator, tmp_path: Path) -> None:
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from analysis.web import WebUi
+    from analysis.web.cli import ui
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with RunningProxy(proxy_config(sim.url, tmp_path / "a"), ui=WebUi()) as first, \
+            RunningProxy(proxy_config(sim.url, tmp_path / "b"), ui=WebUi()) as second:
+        for p in (first, second):
+            running.write_state(host="127.0.0.1", port=p.port, db=str(p.config.db_path), admin_token=p.admin_token)
+            os.utime(paths.state_dir() / f"{p.port}.json", (1e9 + (p is second), 1e9 + (p is second)))  # second: newest
+        result = await asyncio.to_thread(CliRunner().invoke, ui, ["--no-browser"])
+    assert result.exit_code == 0, result.output
+    assert f"2 llmtap serves are running; this is the newest, {second.url}" in result.output
+    assert f"--url {first.url}  records to {first.config.db_path}" in result.output

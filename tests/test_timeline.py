@@ -145,6 +145,23 @@ async def test_the_commands_show_the_same_session(recorded: tuple[Path, dict[str
     assert SESSION[:13] in table and "lookup" in table
     gantt = cli("session", SESSION, "--db", str(db))
     assert gantt.count("|") == 2 * len(s.spans) and "Longest tool runs: lookup" in gantt
+    assert "model  wait" in gantt and "first token" not in gantt  # the JSON's and the web UI's name
+
+
+async def test_a_key_pasted_from_sessions_finds_its_session(sim: Simulator, tmp_path: Path) -> None:
+    """`llmtap sessions` prints `5e551011-aaaa…` (and `~` before an inferred one's key): pasted back as
+    printed, or the inferred one without its `~`, `llmtap session` finds it."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p:
+        await agent(p.url)
+        await agent(p.url, session=None)  # no session id: inferred, by tool and key
+        assert p.flush(10)
+    db = str(tmp_path / "llmtap.duckdb")
+    listed = cli("sessions", "--db", db).splitlines()
+    named = next(line.split()[0] for line in listed if line.startswith("5e55"))
+    inferred = next(line.split()[0] for line in listed if line.startswith("~") and not line.startswith("~ "))
+    assert named == SESSION[:13] + "…", listed
+    for key, expected in ((named, SESSION), (named + " !", SESSION), (inferred, inferred), (inferred[1:], inferred)):
+        assert json.loads(cli("session", key, "--db", db, "--format", "json"))["session"] == expected, key
 
 
 # -- parallel calls, overlaps, open spans, inferred sessions --------------------------------------
@@ -541,3 +558,9 @@ def test_the_totals_sweep_gives_the_definitions_figures_bit_for_bit() -> None:
             spans.append(timeline.Span(kind, part, start, end if end is not None or kind == "tool" else start, str(i)))
         start, end = rng.uniform(-5, 20), rng.uniform(50, 140)
         assert timeline.totals(spans, start, end) == _totals_by_definition(spans, start, end)
+
+
+def test_the_top_tools_are_told_apart() -> None:
+    from analysis.session_report import top_tools
+
+    assert top_tools(timeline.Totals(wall_s=10, tools_s={"Bash": 4.0, "Bash+Read": 1.4})) == "Bash 40%, Bash+Read 14%"

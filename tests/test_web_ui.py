@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from analysis.web import WebUi
 from proxy.cli import main
 from proxy.common.instances import TOKEN_HEADER
+from proxy.common.schema import KINDS
 from proxy.serve.server import write_state
 from tests.serving import RunningProxy
 from proxy.simulator.app import Simulator
@@ -58,6 +59,23 @@ async def chat(s: aiohttp.ClientSession, url: str, model: str = "gpt-4o-mini", h
     async with s.post(url + path, json=body, headers=headers or {}) as r:
         await r.read()
         return r.status
+
+
+QWEN_UA = {"User-Agent": "QwenCode/0.24.4 (linux; x64)", "Authorization": "Bearer k-qwen"}
+QWEN_MESSAGES = [{"role": "system", "content": "You are Qwen Code, a non-interactive CLI agent"},
+                 {"role": "user", "content": "run the check"}]
+
+
+async def qwen_turn_and_side_request(url: str) -> None:
+    """Qwen Code's turn (it declares tools) and its tool-less request beside it: the request the `kind`
+    column marks `side` (tests/test_agent_sessions.py, branch agents), in the turn's session."""
+    tools = [{"type": "function", "function": {"name": "run_shell_command", "parameters": {"type": "object"}}}]
+    async with aiohttp.ClientSession() as s:
+        for body in ({"model": "qwen3-coder", "messages": QWEN_MESSAGES, "tools": tools},
+                     {"model": "qwen3-coder", "messages": QWEN_MESSAGES}):
+            async with s.post(url + "/v1/chat/completions", json=body, headers=QWEN_UA) as r:
+                assert r.status == 200
+                await r.read()
 
 
 class World:
@@ -130,6 +148,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
                 await chat(s, proxy.url, OSC_MODEL)
                 assert await chat(s, proxy.url, "bad-model", path="/bad/v1/chat/completions") == 400
             await agent(proxy.url)  # a Claude Code session: model, tool and you spans (tests/test_timeline.py)
+            await qwen_turn_and_side_request(proxy.url)
             assert proxy.flush(10)
             flags = (f"--host-resolver-rules=MAP {REBIND} 127.0.0.1",)
             async with Chromium(CHROMIUM, width=1400, height=1000, flags=flags) as browser:
@@ -157,6 +176,7 @@ async def test_login_trades_the_ticket_for_a_session_only_this_origin_holds(worl
     b = world.browser
     await b.open(world.ui)
     await b.wait_for("document.body.textContent.includes('Not logged in')")  # no session yet: nothing
+    assert "Run llmtap ui in a terminal" in await b.evaluate("document.body.textContent")
     async with aiohttp.ClientSession() as s:
         async with s.get(world.proxy.url + "/_llmtap/api/requests") as r:
             assert r.status == 403
@@ -363,7 +383,7 @@ async def test_a_sessions_spans_are_the_clis(world: World) -> None:
     listed = await cli(world, "sessions")
     await world.page("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0")
     walls = await world.browser.evaluate(
-        "Object.fromEntries([...document.querySelectorAll('tr[data-session]')].map(tr => [tr.dataset.session, +tr.children[3].dataset.value]))")
+        "Object.fromEntries([...document.querySelectorAll('tr[data-session]')].map(tr => [tr.dataset.session, +tr.children[2].dataset.value]))")
     assert walls == {s["session"]: s["wall_s"] for s in listed}
 
 
@@ -411,6 +431,7 @@ async def test_an_800_px_window_stays_usable(world: World) -> None:
         for route, ready in (("#/requests?since=", "document.querySelectorAll('table.requests tbody tr').length > 0"),
                              (f"#/request/{row['id']}", "!!document.querySelector('#waterfall')"),
                              (f"#/session/{SESSION}", "!!document.querySelector('#gantt')"),
+                             ("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0"),
                              ("#/overview", "window.__llmtapChartsDrawn > 0"), ("#/live", "!!document.querySelector('#finished')")):
             await world.page(route, ready)
             width = await b.evaluate("document.documentElement.scrollWidth")
@@ -418,6 +439,11 @@ async def test_an_800_px_window_stays_usable(world: World) -> None:
             hidden = await b.evaluate("""[...document.querySelectorAll('nav a, form button, .pager button')].filter(el => {
                 const r = el.getBoundingClientRect(); return r.right > 800 || r.width === 0; }).map(el => el.textContent)""")
             assert hidden == [], route
+            if route == "#/sessions":  # the shares (the "why") in the window, not scrolled off
+                shares = await b.evaluate("""[...document.querySelectorAll('table.sessions th.share, table.sessions .stack')]
+                    .map(el => { const r = el.getBoundingClientRect(); return [el.textContent, r.width > 0 && r.right <= 800]; })""")
+                assert [t for t, _ in shares[:4]] == ["model", "tools", "you", "other"] and all(v for _, v in shares), shares
+                assert await b.evaluate("document.querySelector('table.sessions').closest('.scroll').scrollWidth") <= 800
     finally:
         await b.resize(1400, 1000)
 
@@ -480,3 +506,105 @@ async def test_a_session_is_good_for_its_token_and_its_hours_only() -> None:
     for _ in range(ui_doors.MAX_TICKETS + 1):
         tickets.issue()
     assert len(tickets._open) == ui_doors.MAX_TICKETS  # unused ones are bounded
+
+
+async def test_a_tab_whose_session_the_proxy_no_longer_takes_says_how_to_log_in(world: World) -> None:
+    """After a restart (a new admin token) the tab's session is refused: the page says `llmtap ui`, not
+    the API's 403."""
+    b = world.browser
+    await login(world)
+    await b.evaluate("sessionStorage.setItem('llmtap_ui', sessionStorage.getItem('llmtap_ui').slice(0, -4) + '0000'); 1")
+    await b.evaluate("location.hash = '#/requests'; 1")
+    await b.wait_for("!!document.getElementById('logged-out')")
+    text = await world.text()
+    assert "Run llmtap ui in a terminal" in text and "no longer takes" in text and "admin" not in text
+    assert await b.evaluate("sessionStorage.getItem('llmtap_ui')") is None
+    await login(world)  # the tab the next tests use
+
+
+async def test_a_request_page_links_its_session_and_names_its_tool_calls(world: World) -> None:
+    [asked] = world.rows(f"SELECT id, tool_calls FROM requests WHERE session_id = '{SESSION}' AND tool_calls IS NOT NULL")
+    [answered] = world.rows(f"SELECT id, tool_results FROM requests WHERE session_id = '{SESSION}' AND tool_results IS NOT NULL")
+    b = world.browser
+    await world.page(f"#/request/{asked['id']}", "!!document.querySelector('#chunk-legend')")
+    calls = await b.evaluate("[...document.querySelectorAll('tr.tool-call')].map(tr => [...tr.children].map(td => td.dataset.value))")
+    assert calls == [[c["name"], c["id"], str(c["ended_ms"])] for c in asked["tool_calls"]] and calls
+    kinds = await b.evaluate("[...document.querySelectorAll('#chunk-legend [data-kind]')].map(s => s.textContent)")
+    shown = await cli(world, "show", asked["id"])
+    by_kind: dict[str, int] = {}
+    for c in shown["chunks"]:
+        by_kind[c["event_type"]] = by_kind.get(c["event_type"], 0) + 1
+    assert [k.split(":")[0] for k in kinds] == list(by_kind) and "tool_args" in by_kind  # text and tool_args apart
+    assert all(f"{n} event" in k for k, n in zip(kinds, by_kind.values())) and "--" not in "".join(kinds)
+    await b.evaluate("document.getElementById('session-link').click(); 1")
+    await b.wait_for("!!document.querySelector('#gantt')")
+    assert SESSION in await b.evaluate("document.querySelector('main h1').textContent")
+    await world.page(f"#/request/{answered['id']}", "!!document.querySelector('tr.tool-result')")
+    results = await b.evaluate("[...document.querySelectorAll('tr.tool-result')].map(tr => [...tr.children].map(td => td.dataset.value))")
+    assert results == [[c["name"], c["id"]] for c in answered["tool_results"]]
+
+
+async def test_the_sessions_list_draws_a_bar_per_session_on_one_scale(world: World) -> None:
+    listed = {s["session"]: s for s in await cli(world, "sessions")}
+    await world.page("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0")
+    b = world.browser
+    shown = await b.evaluate("""Object.fromEntries([...document.querySelectorAll('tr[data-session]')].map(tr => {
+        const bar = tr.querySelector('.stack'); return [tr.dataset.session, {width: bar.getBoundingClientRect().width,
+        parts: Object.fromEntries([...bar.children].map(i => [i.dataset.part, i.getBoundingClientRect().width]))}]; }))""")
+    assert set(shown) == set(listed)
+    longest = max(s["wall_s"] for s in listed.values())
+    widest = max(v["width"] for v in shown.values())
+    for key, s in listed.items():
+        assert shown[key]["width"] == pytest.approx(widest * s["wall_s"] / longest, abs=1.5), key  # one scale
+        t = s["totals"]
+        for part, seconds in (("wait", t["wait_s"]), ("generating", t["generating_s"]), ("tool", t["tool_s"]),
+                              ("you", t["you_s"]), ("other", t["other_s"])):
+            width = shown[key]["parts"].get(part, 0.0)
+            assert width == pytest.approx(shown[key]["width"] * seconds / max(s["wall_s"], 1e-9), abs=1.5), (key, part)
+    other = await b.evaluate("[...document.querySelectorAll('table.sessions th')].map(th => th.textContent)")
+    assert "other" in other
+    about = await b.evaluate(f"document.querySelector('tr[data-session=\"{SESSION}\"] td.who small').textContent")
+    assert about == "claude-code · first lookup" == " · ".join(
+        [listed[SESSION]["tool"], "first " + listed[SESSION]["first_tool"]])  # the CLI's JSON's project (none) and first tool
+    assert "start (UTC)" in other and len(await b.evaluate(
+        "document.querySelector('tr[data-session] td.when').textContent")) == len("2026-12-0510:44:42")  # to the second (the date and time on two lines)
+
+
+async def test_a_sessions_turns_and_its_time_axis(world: World) -> None:
+    expected = await cli(world, "session", SESSION)
+    await world.page(f"#/session/{SESSION}", "!!document.querySelector('#time-axis')")
+    b = world.browser
+    turns = await b.evaluate("[...document.querySelectorAll('#gantt .turn')].map(t => t.textContent)")
+    assert len(turns) == expected["turns"] == 2 and turns[0].startswith("Turn 1")
+    assert "2 turns" in await b.evaluate("document.getElementById('session-head').textContent")
+    ticks = await b.evaluate("[...document.querySelectorAll('#time-axis span')].map(s => +s.dataset.s)")
+    assert ticks[0] == 0 and ticks[-1] <= expected["wall_s"] + 1e-9 and len(ticks) >= 3
+    labels = await b.evaluate("[...document.querySelectorAll('#gantt .label')].map(l => l.textContent)")
+    assert "model: wait" in labels and "first token" not in " ".join(labels)  # one name, the JSON's
+
+
+@pytest.mark.skipif("side" not in KINDS, reason="side requests are marked by branch agents' `kind` 'side'")
+async def test_side_requests_are_folded_under_their_turn(world: World) -> None:
+    [side] = world.rows("SELECT id FROM requests WHERE kind = 'side'")
+    [turn] = world.rows("SELECT id FROM requests WHERE request_model = 'qwen3-coder' AND kind = 'generation'")
+    b = world.browser
+    await world.page(f"#/request/{turn['id']}", "!!document.querySelector('#session-link')")
+    await b.evaluate("document.getElementById('session-link').click(); 1")
+    await b.wait_for("!!document.querySelector('#gantt')")
+    folded = await b.evaluate("[...document.querySelectorAll('#gantt details.side')].map(d => [d.dataset.turn, d.open,"
+                              " d.querySelector('summary').textContent])")
+    assert folded == [["1", False, "1 side request in this turn (beside the agent's turn, not in its time)"]]
+    spans = await b.evaluate("[...document.querySelectorAll('tr.span')].map(tr => tr.children[4].dataset.value)")
+    assert side["id"] not in spans
+
+
+async def test_requests_fits_1400_px_and_cuts_no_session_id_mid_word(world: World) -> None:
+    b = world.browser
+    await world.page(f"#/requests?since=&session={SESSION}", "document.querySelectorAll('table.requests tbody tr').length > 0")
+    box = await b.evaluate("(() => { const s = document.querySelector('table.requests').closest('.scroll');"
+                           " return [s.scrollWidth, s.clientWidth]; })()")
+    assert box[0] <= box[1], box  # no column scrolled off at 1,400 px
+    ids = await b.evaluate("[...document.querySelectorAll('table.requests tbody tr')].map(tr => tr.children[13].textContent)")
+    assert set(ids) == {SESSION[:13] + "…"}  # as `llmtap sessions` prints it, which `llmtap session` takes back
+    await world.page("#/overview", "!!document.querySelector('#overview .kpi')")
+    assert "Errors among the generations" in await world.text() and "Generations" in await world.text()

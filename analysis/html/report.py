@@ -37,11 +37,12 @@ def render_html(
     where: str = "TRUE",
     title: str = "llmtap report",
     by: tuple[str, str] = ("route", "route"),
+    counted: str = "requests",
 ) -> str:
     """The report over the requests matching `where` (an SQL predicate on `requests`); its TTFT
     breakdown grouped by `by` (a name and its SQL expression, as `report.GROUPINGS`)."""
     data = fetch_report_data(query, where)
     if not data["totals"]["requests"]:
-        return report_page(title, where, data, [])
+        return report_page(title, where, data, [], counted=counted)
     panel = html_panel(build_breakdown(query, by[0], by[1], where=where))
-    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(latest(query, where, HTML_SESSIONS)))
+    return report_page(title, where, data, build_charts(data), panels=panel + session_panel(latest(query, where, HTML_SESSIONS)), counted=counted)

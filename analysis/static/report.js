@@ -58,8 +58,10 @@
     return td;
   }
 
-  function kpis(t) {
-    var items = [["Requests", count(t.requests)], ["Errors", count(t.errors) + " (" + pct(100 * t.errors / t.requests) + ")"],
+  function kpis(t, counted) {
+    var what = counted || "requests";  // what the figures count: "generations" unless every kind was asked for
+    var items = [[what.charAt(0).toUpperCase() + what.slice(1), count(t.requests)],
+      ["Errors among the " + what, count(t.errors) + " (" + pct(100 * t.errors / t.requests) + ")"],
       ["Models", count(t.models)], ["Input tokens", tokens(t.input_tokens)], ["Output tokens", tokens(t.output_tokens)]];
     return el("section", "head", [
       t.first_s == null ? null : el("p", "range", stamp(t.first_s) + " \u2192 " + stamp(t.last_s) + " UTC (" + span(t.last_s - t.first_s) + ")"),
@@ -117,7 +119,7 @@
           : "The database has no requests yet: send some traffic through llmtap serve.")]));
       return draw_all({ palette: d.palette, other: d.other, charts: [] });
     }
-    root.insertBefore(kpis(t), first);
+    root.insertBefore(kpis(t, d.counted), first);
     root.insertBefore(summary(d.summary, { colors: d.palette, other: d.other }), first);
     root.appendChild(el("section", "grid", d.charts.map(card)));
     var errs = errors(d.error_table, t.requests);

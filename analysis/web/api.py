@@ -207,7 +207,8 @@ def overview(query: Query, params: Params, rest: str) -> Answer:
     from analysis.html.queries import fetch_report_data
 
     data = fetch_report_data(query, filters_of(params, kinds=("generation",)).where())
-    return dump(overview_data(data, build_charts(data) if data["totals"]["requests"] else [], filtered=True))
+    return dump(overview_data(data, build_charts(data) if data["totals"]["requests"] else [], filtered=True,
+                              counted="generations"))
 
 
 def _gap_s(params: Params) -> float:
@@ -239,10 +240,27 @@ def session(query: Query, params: Params, rest: str) -> Answer:
     from analysis.session_report import session_json
     from analysis.timeline import matching
 
-    found = matching(query, rest, filters_of(params).where(), _gap_s(params))
+    where, gap_s = filters_of(params).where(), _gap_s(params)
+    found = matching(query, rest, where, gap_s)
+    if (rid := one(params, "request")) is not None:  # the session of this request (a request page's link)
+        def holding(sessions: list[Any]) -> list[Any]:
+            return [s for s in sessions if any(sp.request_id == rid for sp in s.spans)]
+        found = holding(found) or holding(matching(query, rest.rstrip("/") + "/", where, gap_s))
     if len(found) != 1:
         return dump({"error": f"{len(found) or 'no'} sessions start with {rest}"}, 404 if not found else 400)
-    return dump(session_json(found[0], spans=True))
+    return dump({**session_json(found[0], spans=True), "side": side_requests(query, found[0], where, gap_s)})
+
+
+def side_requests(query: Query, s: Any, where: str, gap_s: float) -> list[dict[str, Any]]:
+    """The session's side requests (`kind` 'side': an agent's requests beside its turns, which the
+    timeline leaves out), from its start to a gap past its end, for the page to fold under the turn
+    each falls in; `start_s` from the session's start."""
+    by = f"session_id = {sql_string(s.session_id)}" if s.session_id else \
+        f"session_id IS NULL AND tool IS NOT DISTINCT FROM {sql_string(s.tool) if s.tool else 'NULL'}"
+    rows = rows_of(query, f"SELECT id AS request_id, epoch(started_at) - {s.start_s!r} AS start_s, ttft_ms, e2e_ms,"
+                          f" request_model AS model FROM requests WHERE kind = 'side' AND {by} AND {where}"
+                          f" AND epoch(started_at) BETWEEN {s.start_s!r} AND {s.end_s + gap_s!r} ORDER BY started_at, id")
+    return [{**r, "start_s": round(r["start_s"], 6)} for r in rows]
 
 
 def compare(query: Query, params: Params, rest: str) -> Answer:

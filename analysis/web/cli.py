@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from proxy.common.instances import AdminError, find_client, private_dir
+from proxy.common.instances import AdminError, find_client, private_dir, states
 from proxy.common.terminal_text import echo
 
 OPENER_PREFIX = "ui-open-"
@@ -64,3 +64,17 @@ def ui(url: str | None, admin_token: str | None, no_browser: bool) -> None:
         echo(f"open this link (once, within two minutes): {link}")
     else:
         echo(f"opened the llmtap UI in your browser ({client.url}/_llmtap/ui/)")
+    if url is None:
+        which(client.url)
+
+
+def which(opened: str) -> None:
+    """With more than one `llmtap serve` running, which one the UI shows (the newest) and how to pick another."""
+    found = states()
+    if len(found) < 2:
+        return
+    echo(f"{len(found)} llmtap serves are running; this is the newest, {opened} (recording to "
+         f"{next((s.db for s in found if s.url == opened), None) or 'no file'}). Another: llmtap ui --url URL")
+    for s in found:
+        if s.url != opened:
+            echo(f"  --url {s.url}  records to {s.db or 'no file'}")

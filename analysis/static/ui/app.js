@@ -60,6 +60,10 @@
     return isNaN(d) ? String(iso) : d.toISOString().replace("T", " ").slice(0, 19);
   }
   function short(id) { return id ? String(id).slice(0, 10) : "–"; }
+  // a session's key as `llmtap sessions` prints it (13 characters and "…": a UUID cut at its hyphen),
+  // which `llmtap session` takes back
+  function shortKey(key) { return !key ? "–" : key.length > 14 ? key.slice(0, 13) + "…" : key; }
+  function plural(n, one) { return n + " " + one + (n === 1 ? "" : "s"); }
 
   // A table cell keeps its raw value in data-value, for tests and for copy; the text is formatted.
   function cell(value, text, cls) {
@@ -107,7 +111,7 @@
     return fetch(API + path + query(params), { credentials: "omit", headers: authorized({ Accept: "application/json" }) })
       .then(function (r) {
         return r.json().catch(function () { return { error: "HTTP " + r.status }; }).then(function (body) {
-          if (!r.ok) throw new Error(body && body.error ? body.error : "HTTP " + r.status);
+          if (!r.ok) throw Object.assign(new Error(body && body.error ? body.error : "HTTP " + r.status), { status: r.status });
           return body;
         });
       });
@@ -191,7 +195,21 @@
                                         function (err) { return settle(function () { throw err; }); });
   }
 
+  // No session (a bookmark, another browser or tab) or one the proxy no longer takes (it restarted,
+  // its hours passed): the way in, in words.
+  function loggedOut(why) {
+    sessionStorage.removeItem(SESSION);
+    status("");
+    show(h("h1", { id: "logged-out" }, "Not logged in"),
+         h("p", null, why || "This tab has no llmtap session."),
+         h("p", null, "Run ", h("code", null, "llmtap ui"), " in a terminal: it opens this page logged in, with a one-time link" +
+           " (each browser tab logs in once; the link works once, for two minutes)."),
+         h("p", { "class": "muted" }, "More than one llmtap serve on this machine? ", h("code", null, "llmtap ui"),
+           " says which one it opened; ", h("code", null, "--url"), " picks another."));
+  }
+
   function failed(err) {
+    if (err && err.status === 403) { loggedOut("The proxy no longer takes this tab's session (it restarted, or its hours passed)."); return; }
     show(h("p", { "class": "error", role: "alert" }, String(err && err.message || err)),
          h("p", { "class": "muted" }, "Logged out? Run `llmtap ui` again for a new login link."));
   }
@@ -353,15 +371,15 @@
       });
       var rows = data.rows.map(function (r) {
         return h("tr", { "data-id": r.id, "class": r.outcome !== "ok" ? "bad" : null },
-          cell(r.started_at, when(r.started_at)),
+          cell(r.started_at, when(r.started_at).slice(5)),
           h("td", { "data-value": r.id }, link("#/request/" + encodeURIComponent(r.id), short(r.id))),
           cell(r.request_model, r.request_model || "–", "text"), cell(r.tool, r.tool || "–"), cell(r.kind, r.kind || "–"),
           cell(r.outcome, r.outcome || "–"), cell(r.status, r.status == null ? "–" : r.status, "num"),
           cell(r.ttft_ms, ms(r.ttft_ms), "num"), cell(r.tpot_ms, ms(r.tpot_ms), "num"), cell(r.e2e_ms, ms(r.e2e_ms), "num"),
           cell(r.input_tokens, count(r.input_tokens), "num"), cell(r.output_tokens, count(r.output_tokens), "num"),
           cell(r.cost_usd, usd(r.cost_usd), "num"),
-          h("td", { "data-value": r.session_id || "" }, r.session_id ? link("#/sessions?session=" + encodeURIComponent(r.session_id), short(r.session_id)) : "–"),
-          cell(r.tag, r.tag || "–", "text"), cell(r.error_message, r.error_message || "", "text"));
+          h("td", { "data-value": r.session_id || "" }, r.session_id ? h("a", { href: "#/sessions?session=" + encodeURIComponent(r.session_id), title: r.session_id }, shortKey(r.session_id)) : "–"),
+          cell(r.tag, r.tag || "–", "text"), cell(r.error_message, r.error_message || "", "error-text"));
       });
       var first = data.total ? data.offset + 1 : 0, last = Math.min(data.total, data.offset + data.rows.length);
       var pager = h("div", { "class": "pager" },
@@ -380,17 +398,18 @@
 
   // -- One request -------------------------------------------------------------------------------------
 
-  function bars(items, whole, cls) {
-    var grid = h("div", { "class": "bars" });
-    items.forEach(function (it, i) {
+  // A bar per item, placed by percent of the whole: the grid's cells (label, track, time) of each.
+  function rows(items, whole, cls) {
+    return items.map(function (it, i) {
       var bar = h("div", { "class": "bar " + (cls ? cls(it, i) : "part-" + i), title: it.label + ": " + it.text });
       bar.style.left = (100 * it.start / whole) + "%";
       bar.style.width = Math.max(0, 100 * it.size / whole) + "%";
-      add(grid, [h("div", { "class": "label" }, it.label), h("div", { "class": "track" }, bar),
-                 h("div", { "class": "ms", "data-value": it.value == null ? "" : String(it.value) }, it.text)]);
+      return [h("div", { "class": "label" }, it.label), h("div", { "class": "track" }, bar),
+              h("div", { "class": "ms", "data-value": it.value == null ? "" : String(it.value) }, it.text)];
     });
-    return grid;
   }
+
+  function bars(items, whole, cls) { return h("div", { "class": "bars" }, rows(items, whole, cls)); }
 
   function requestPage(id) {
     show(h("h1", null, "Request " + short(id)), h("p", { "class": "muted" }, "Loading…"));
@@ -400,7 +419,9 @@
         h("div", { "class": "cols" },
           facts([["started (UTC)", when(r.started_at)], ["method, path", r.method + " " + r.path, "path"],
                  ["kind, dialect", (r.kind || "–") + ", " + (r.dialect || "–")], ["model", r.request_model, "request_model"],
-                 ["answered by", r.response_model], ["tool", r.tool, "tool"], ["session", r.session_id], ["tag", r.tag, "tag"],
+                 ["answered by", r.response_model], ["tool", r.tool, "tool"], ["project", r.project, "project"],
+                 ["session", r.kind === "generation" ? h("a", { id: "session-link", href: sessionHref(r) }, r.session_id || "~ (inferred)") : r.session_id, "session"],
+                 ["tag", r.tag, "tag"],
                  ["stream", r.stream ? "yes" : "no"]]),
           facts([["status, outcome", (r.status == null ? "–" : r.status) + ", " + r.outcome, "outcome"],
                  ["TTFT", ms(r.ttft_ms), "ttft_ms"], ["TPOT", ms(r.tpot_ms)], ["E2E", ms(r.e2e_ms), "e2e_ms"],
@@ -413,6 +434,7 @@
           h("p", { "class": "error", id: "error-message" }, (r.error_type || "") + (r.error_message ? ": " + r.error_message : "")),
           h("ul", { id: "diagnosis" }, d.diagnosis.map(function (line) { return h("li", null, line); })));
       }
+      sections.push(toolSections(r));
       var whole = Math.max(r.e2e_ms || 0, d.waterfall.reduce(function (a, w) { return Math.max(a, w.start_ms + w.ms); }, 0)) || 1;
       sections.push(h("h2", null, "Waterfall"),
         d.waterfall.length ? h("div", { id: "waterfall" }, bars(d.waterfall.map(function (w) {
@@ -426,12 +448,18 @@
         var gaps = d.chunks.slice(1).map(function (c, i) { return { at: d.chunks[i].offset_ms, gap: c.offset_ms - d.chunks[i].offset_ms, seq: c.seq }; })
           .sort(function (a, b) { return b.gap - a.gap; }).slice(0, 5);
         var chart = h("div", { "class": "chart", id: "chunk-chart" });
-        sections.push(h("p", { "class": "muted" }, count(d.chunks.length) + " events; gaps p50 " + ms(r.gap_p50_ms) + ", p99 " +
-          ms(r.gap_p99_ms) + ", max " + ms(r.gap_max_ms) + ". Cumulative bytes of the events against their offset."), chart,
+        var kinds = chunkKinds(d.chunks);
+        sections.push(h("p", { "class": "muted", id: "chunk-kinds" }, count(d.chunks.length) + " events (" + kinds.map(function (k) {
+          return k.n + " " + k.kind; }).join(", ") + "); gaps p50 " + ms(r.gap_p50_ms) + ", p99 " +
+          ms(r.gap_p99_ms) + ", max " + ms(r.gap_max_ms) + ". Cumulative bytes of each kind of event against its offset."), chart,
+          h("div", { "class": "legend", id: "chunk-legend" }, kinds.map(function (k, i) {
+            return h("span", { "data-kind": k.kind }, h("i", { style: null, "class": "k" + i }),
+              k.kind + ": " + plural(k.n, "event") + ", " + count(k.bytes) + " bytes, last at " + ms(k.last_ms));
+          })),
           table(["largest gaps: before event", "at", "gap"], gaps.map(function (g) {
             return h("tr", null, cell(g.seq, g.seq), cell(g.at, ms(g.at), "num"), cell(g.gap, ms(g.gap), "num"));
           }), { label: "Largest gaps" }));
-        setTimeout(function () { chunkChart(chart, d.chunks); }, 0);
+        setTimeout(function () { chunkChart(chart, d.chunks, kinds); }, 0);
       } else {
         sections.push(h("p", { "class": "muted" }, "No chunks recorded (not a stream, or serve --no-chunks)."));
       }
@@ -452,68 +480,190 @@
     }).catch(failed);
   }
 
-  function chunkChart(el, chunks) {
+  // The events by kind (text, tool_args, reasoning, …: the chunks' event_type), as `llmtap show` counts them.
+  function chunkKinds(chunks) {
+    var by = {}, out = [];
+    chunks.forEach(function (c) {
+      var k = c.event_type || "?";
+      if (!by[k]) { by[k] = { kind: k, n: 0, bytes: 0, last_ms: null }; out.push(by[k]); }
+      by[k].n += 1; by[k].bytes += c.bytes || 0; by[k].last_ms = c.offset_ms;
+    });
+    return out;
+  }
+
+  var KIND_COLORS = ["#0969da", "#8250df", "#bf8700", "#1a7f37", "#cf222e", "#57606a"];
+
+  // One stepped line per kind of event: its cumulative bytes against the offset (null where another
+  // kind's event is), so text and tool arguments read apart. The legend is the page's own (real totals).
+  function chunkChart(el, chunks, kinds) {
     if (!window.uPlot || !el.isConnected) return;
-    var xs = [], ys = [], total = 0;
-    chunks.forEach(function (c) { total += c.bytes || 0; xs.push(c.offset_ms); ys.push(total); });
+    var xs = [], totals = {}, ys = kinds.map(function () { return []; });
+    chunks.forEach(function (c) {
+      var k = c.event_type || "?";
+      totals[k] = (totals[k] || 0) + (c.bytes || 0);
+      xs.push(c.offset_ms);
+      kinds.forEach(function (kind, i) { ys[i].push(kind.kind === k ? totals[k] : null); });
+    });
     var plot = new uPlot({
-      width: el.clientWidth || 600, height: 240, scales: { x: { time: false } },
+      width: el.clientWidth || 600, height: 240, scales: { x: { time: false } }, legend: { show: false },
       axes: [{ label: "ms from arrival" }, { label: "bytes", size: 60 }],
-      series: [{ label: "offset ms" }, { label: "cumulative bytes", stroke: "#0969da", width: 2,
-                 paths: uPlot.paths.stepped({ align: 1 }), points: { show: chunks.length < 200, size: 4 } }],
-    }, [xs, ys], el);
+      series: [{ label: "offset ms" }].concat(kinds.map(function (k, i) {
+        return { label: k.kind, stroke: KIND_COLORS[i % KIND_COLORS.length], width: 2, spanGaps: true,
+                 paths: uPlot.paths.stepped({ align: 1 }), points: { show: chunks.length < 200, size: 4 } };
+      })),
+    }, [xs].concat(ys), el);
     plots.push(plot);
   }
 
+  // The tool calls the response asked for (the row's tool_calls: name, when its block ended) and the
+  // results the request carried (tool_results), each call's id shown.
+  function toolSections(r) {
+    var calls = r.tool_calls || [], results = r.tool_results || [];
+    return [h("h2", null, "Tools"),
+      calls.length ? table(["asked for (the response)", "call id", "block ended"], calls.map(function (c) {
+        return h("tr", { "class": "tool-call" }, cell(c.name, c.name || "–", "text"), cell(c.id, c.id || "–"),
+          cell(c.ended_ms, c.ended_ms == null ? "cut off" : "+" + ms(c.ended_ms), "num"));
+      }), { label: "Tool calls" }) : h("p", { "class": "muted", id: "no-tool-calls" }, "The response asked for no tool."),
+      results.length ? table(["results carried (the request)", "answering call id"], results.map(function (c) {
+        return h("tr", { "class": "tool-result" }, cell(c.name, c.name || "–", "text"), cell(c.id, c.id || "–"));
+      }), { label: "Tool results" }) : h("p", { "class": "muted" }, "The request carried no new tool result.")];
+  }
+
+  function sessionHref(r) {
+    return "#/session/" + encodeURIComponent(r.session_id || "~") + query({ request: r.id });
+  }
+
   // -- Sessions ------------------------------------------------------------------------------------------
+
+  // A session's time in its parts, each instant once (the totals of `llmtap sessions`): the model
+  // (waiting for its first token, generating), tools, you, other.
+  var PARTS = [["wait", "wait_s", "model: wait"], ["generating", "generating_s", "model: generating"],
+               ["tool", "tool_s", "tools"], ["you", "you_s", "you"], ["other", "other_s", "other"]];
+
+  function legend(extra) {
+    return h("div", { "class": "legend" }, PARTS.map(function (p) { return h("span", null, h("i", { "class": p[0] }), p[2]); }), extra || null);
+  }
+
+  // One stacked bar: the session's wall on the list's one scale (`longest`), cut into its parts.
+  function stack(s, longest) {
+    var t = s.totals, bar = h("div", { "class": "stack", role: "img",
+      "aria-label": PARTS.map(function (p) { return p[2] + " " + pct(t[p[1]], s.wall_s); }).join(", ") });
+    bar.style.width = (100 * s.wall_s / Math.max(longest, 1e-9)) + "%";
+    PARTS.forEach(function (p) {
+      if (!(t[p[1]] > 0)) return;
+      var seg = h("i", { "class": p[0], "data-part": p[0], title: p[2] + ": " + secs(t[p[1]]) + " · " + pct(t[p[1]], s.wall_s) });
+      seg.style.width = (100 * t[p[1]] / Math.max(s.wall_s, 1e-9)) + "%";
+      add(bar, seg);
+    });
+    return bar;
+  }
+
+  function topTools(t, wall) {
+    return Object.keys(t.tools_s).slice(0, 3).map(function (k) { return k + " " + pct(t.tools_s[k], wall); }).join(", ");
+  }
 
   function sessionsPage(arg, params) {
     if (!("since" in params)) params.since = "24h";
     show(h("h1", null, "Sessions"), h("p", { "class": "muted" }, "Loading…"));
     Promise.all([get("sessions", params), facets()]).then(function (got) {
       var data = got[0];
+      var longest = data.sessions.reduce(function (m, s) { return Math.max(m, s.wall_s); }, 0);
       var rows = data.sessions.map(function (s) {
-        var t = s.totals;
-        var tools = Object.keys(t.tools_s).slice(0, 3).map(function (k) { return k + " " + pct(t.tools_s[k], s.wall_s); }).join(", ");
-        return h("tr", { "data-session": s.session, "class": s.slow ? "bad" : null },
-          h("td", { "data-value": s.session }, link("#/session/" + encodeURIComponent(s.session) + query(params), (s.inferred ? "~ " : "") + s.session)),
-          cell(s.start, when(s.start)), cell(s.tool, s.tool || "–"), cell(s.wall_s, secs(s.wall_s), "num"),
-          cell(s.turns, s.turns, "num"), cell(s.requests, s.requests, "num"),
-          cell(t.model_s, pct(t.model_s, s.wall_s), "num"), cell(t.wait_s, pct(t.wait_s, s.wall_s), "num"),
-          cell(t.generating_s, pct(t.generating_s, s.wall_s), "num"), cell(tools, tools || "–", "text"),
-          cell(t.you_s, pct(t.you_s, s.wall_s), "num"), cell(s.output_tokens, count(s.output_tokens), "num"),
-          cell(s.cost_usd, usd(s.cost_usd), "num"), cell(s.slow, s.slow || "", "text"));
+        var t = s.totals, tools = topTools(t, s.wall_s);
+        var about = [s.tool, s.project, s.first_tool && "first " + s.first_tool].filter(Boolean).join(" · ");
+        return h("tr", { "data-session": s.session, "class": s.slow ? "bad" : null, title: s.slow ? "slow: " + s.slow : null },
+          h("td", { "data-value": s.session, "class": "who" },
+            h("a", { href: "#/session/" + encodeURIComponent(s.session) + query(params), title: s.session },
+              (s.inferred ? "~" : "") + shortKey(s.session.replace(/^~/, "")) + (s.slow ? " !" : "")),
+            h("small", null, about || "–")),
+          cell(s.start, [when(s.start).slice(0, 10), h("br"), when(s.start).slice(11)], "when"),
+          cell(s.wall_s, secs(s.wall_s), "num"),
+          cell(s.turns, s.turns, "num wide"), cell(s.requests, s.requests, "num wide"),
+          h("td", { "class": "bar-cell" }, stack(s, longest), h("small", null, tools ? "tools: " + tools : "")),
+          cell(t.model_s, pct(t.model_s, s.wall_s), "num share"), cell(t.tool_s, pct(t.tool_s, s.wall_s), "num share"),
+          cell(t.you_s, pct(t.you_s, s.wall_s), "num share"), cell(t.other_s, pct(t.other_s, s.wall_s), "num share"),
+          cell(s.output_tokens, count(s.output_tokens), "num wide"), cell(s.cost_usd, usd(s.cost_usd), "num wide"));
+      });
+      var head = [["session", ""], ["start (UTC)", ""], ["wall", "num"], ["turns", "num wide"], ["reqs", "num wide"],
+                  ["time (one scale)", ""], ["model", "num share"], ["tools", "num share"], ["you", "num share"],
+                  ["other", "num share"], ["out", "num wide"], ["cost", "num wide"]].map(function (c) {
+        return h("th", { scope: "col", "class": c[1] || null }, c[0]);
       });
       show(h("h1", null, "Sessions"), filterForm("sessions", params, ["since", "until", "tool", "model", "session"], got[1]),
         h("p", { "class": "muted" }, count(data.total) + " sessions" + (data.total > data.sessions.length ? ", the newest " + data.sessions.length + " shown" : "") +
-          ". Shares of each session's wall time, each instant counted once (llmtap sessions)."),
-        table(["session", "start (UTC)", "tool", "wall", "turns", "reqs", "model", "wait", "gen", "tools (top 3)", "you", "out", "cost", "slow"],
-          rows, { label: "Sessions" }), rows.length ? null : h("p", { "class": "muted" }, "No session in this window."));
+          ". Each bar is a session's wall time, all on one scale (the longest fills the column), cut into the shares of it," +
+          " each instant counted once (llmtap sessions)."),
+        legend(), table(head, rows, { label: "Sessions", cls: "sessions" }),
+        rows.length ? null : h("p", { "class": "muted" }, "No session in this window."));
     }).catch(failed);
+  }
+
+  // The spans in turns: a turn is the model's and the tools' spans up to the person's next message (a
+  // "you" span ends it); a side request (kind 'side') is folded under the turn it started in.
+  function turnsOf(s) {
+    var turns = [{ spans: [], side: [] }];
+    s.spans.forEach(function (sp) {
+      var turn = turns[turns.length - 1];
+      turn.spans.push(sp);
+      if (sp.kind === "you") turns.push({ spans: [], side: [] });
+    });
+    if (!turns[turns.length - 1].spans.length) turns.pop();
+    (s.side || []).forEach(function (r) {
+      var at = 0;
+      turns.forEach(function (turn, i) { if (turn.spans.length && turn.spans[0].start_s <= r.start_s) at = i; });
+      turns[at].side.push(r);
+    });
+    return turns;
+  }
+
+  function spanLabel(sp) { return sp.kind === "you" ? "you" : sp.kind + ": " + sp.part; }
+
+  // Ticks at a round step (1, 2 or 5 of a power of ten) under the Gantt chart, in the track's column.
+  function axis(wall) {
+    var raw = wall / 6, pow = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-6)))), step = pow;
+    [1, 2, 5, 10].some(function (m) { step = m * pow; return step >= raw; });
+    var track = h("div", { "class": "axis", id: "time-axis" });
+    for (var v = 0; v <= wall + 1e-9; v += step) {
+      var tick = h("span", { "data-s": String(v) }, secs(v));
+      tick.style.left = (100 * v / wall) + "%";
+      add(track, tick);
+    }
+    return [h("div", { "class": "label muted" }, "from the start"), track, h("div")];
   }
 
   function sessionPage(key, params) {
     show(h("h1", null, "Session " + key), h("p", { "class": "muted" }, "Loading…"));
     get("session/" + encodeURIComponent(key), params).then(function (s) {
-      var t = s.totals, wall = Math.max(s.wall_s, 1e-9);
-      var items = s.spans.map(function (sp) {
-        var size = sp.seconds == null ? wall - sp.start_s : sp.seconds;
-        return { label: sp.kind + (sp.kind === "you" ? "" : ": " + (sp.part === "wait" ? "first token" : sp.part)),
-                 start: sp.start_s, size: size, value: sp.seconds, text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
+      var t = s.totals;
+      var wall = (s.side || []).reduce(function (m, r) { return Math.max(m, r.start_s + (r.e2e_ms || 0) / 1000); },
+                                       Math.max(s.wall_s, 1e-9));  // a side request after the last turn is on the scale too
+      var gantt = h("div", { id: "gantt", "class": "bars" });
+      turnsOf(s).forEach(function (turn, i) {
+        add(gantt, h("div", { "class": "turn", "data-turn": i + 1 }, "Turn " + (i + 1) + " · +" + secs(turn.spans[0].start_s)));
+        add(gantt, rows(turn.spans.map(function (sp) {
+          return { label: spanLabel(sp), start: sp.start_s, size: sp.seconds == null ? s.wall_s - sp.start_s : sp.seconds, value: sp.seconds,
+                   text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
+        }), wall, function (it) { return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : ""); }));
+        if (turn.side.length) {
+          var inner = h("div", { "class": "bars" }, rows(turn.side.map(function (r) {
+            var size = (r.e2e_ms || 0) / 1000;
+            return { label: "side: " + (r.model || "model"), start: r.start_s, size: size, value: size, text: "+" + secs(r.start_s) + " · " + secs(size) };
+          }), wall, function () { return "side"; }));
+          add(gantt, h("details", { "class": "side", "data-turn": i + 1 },
+            h("summary", null, plural(turn.side.length, "side request") + " in this turn (beside the agent's turn, not in its time)"), inner));
+        }
       });
+      add(gantt, axis(wall));
       show(h("h1", null, "Session " + s.session + (s.inferred ? " (inferred)" : "")),
-        h("p", { "class": "muted" }, (s.tool || "unknown tool") + " · " + when(s.start) + " UTC · " + s.requests + " requests · " +
-          s.turns + " turns · " + (s.models.join(", ") || "no model named")),
+        h("p", { "class": "muted", id: "session-head" }, [s.tool || "unknown tool", s.project, when(s.start) + " UTC", plural(s.requests, "request"),
+          plural(s.turns, "turn"), s.models.join(", ") || "no model named"].filter(Boolean).join(" · ")),
         h("div", { "class": "kpis" }, kpi("wall", secs(s.wall_s)), kpi("model", secs(t.model_s) + " · " + pct(t.model_s, s.wall_s)),
-          kpi("first token", secs(t.wait_s)), kpi("generating", secs(t.generating_s)),
+          kpi("model: wait (to first token)", secs(t.wait_s)), kpi("model: generating", secs(t.generating_s)),
           kpi("tools", secs(t.tool_s) + " · " + pct(t.tool_s, s.wall_s)), kpi("you", secs(t.you_s) + " · " + pct(t.you_s, s.wall_s)),
-          kpi("other", secs(t.other_s))),
+          kpi("other", secs(t.other_s) + " · " + pct(t.other_s, s.wall_s))),
         s.slow ? h("p", { "class": "error" }, "Slow: " + s.slow) : null,
-        h("div", { "class": "legend" }, [["wait", "model: first token"], ["generating", "model: generating"], ["tool", "tool run"], ["you", "you"]]
-          .map(function (l) { return h("span", null, h("i", { "class": l[0] }), l[1]); })),
-        h("div", { id: "gantt" }, bars(items, wall, function (it) {
-          return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : "");
-        })),
+        legend(s.side && s.side.length ? h("span", null, h("i", { "class": "side" }), "side request") : null),
+        gantt,
         h("h2", null, "Tools"), table(["tool", "time", "share"], Object.keys(t.tools_s).map(function (k) {
           return h("tr", null, cell(k, k, "text"), cell(t.tools_s[k], secs(t.tools_s[k]), "num"), cell(null, pct(t.tools_s[k], s.wall_s), "num"));
         }), { label: "Tools" }),
@@ -532,7 +682,8 @@
     Promise.all([get("overview", params), facets()]).then(function (got) {
       var root = h("div", { id: "overview" });
       show(h("h1", null, "Overview"), filterForm("overview", params, ["since", "until", "model", "tool", "tag"], got[1]),
-        h("p", { "class": "muted" }, "Generations: the page of llmtap report --html, drawn by the same code."), root);
+        h("p", { "class": "muted" }, "Generations only (no token counts, probes, model lists: Requests and llmtap errors count every request);" +
+          " the page of llmtap report --html, drawn by the same code."), root);
       window.llmtapOverview(root, got[0]).forEach(function (p) { plots.push(p.plot); });
     }).catch(failed);
   }
@@ -576,9 +727,8 @@
   function start() {
     login().then(function () {
       if (sessionStorage.getItem(SESSION)) { render(); return; }
-      show(h("h1", null, "Not logged in"),
-           h("p", null, "Run `llmtap ui` for a one-time login link (each browser tab logs in once)."));
-    }, failed);
+      loggedOut();
+    }, function (err) { loggedOut("That login link was used already or is too old: " + String(err && err.message || err)); });
   }
   window.addEventListener("hashchange", function () {
     if (location.hash.slice(0, 7) === "#login=") { start(); return; }
