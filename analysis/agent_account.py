@@ -85,10 +85,12 @@ LEFT JOIN spans s ON s.call_id = coalesce(r.call_id, d.call_id)
 # The wire's calls (`tool_runs`: request_id, session_id, position, call_id, name, asked_at, answered_at,
 # run_ms) with the agent's account. `k`: a call's place among its request's calls of one tool, for the
 # agents that send no call id, whose k-th report within the span is the k-th call.
-TOOL_RUN_ACCOUNTS_SQL = f"""
-CREATE OR REPLACE TEMP VIEW tool_run_accounts AS
+def tool_run_accounts_sql(runs: str = "SELECT * FROM tool_runs") -> str:
+    """`runs` (the `tool_runs` view, or `views.tool_runs_sql` over a stretch of time) with the agent's
+    account of each call, a SELECT: the timeline reads this one query for a session's spans."""
+    return f"""
 WITH w AS (
-  SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM tool_runs),
+  SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM ({runs})),
 by_id AS (
   SELECT w.request_id, w.position, a.* FROM w JOIN agent_tool_calls a
     ON a.call_id = w.call_id AND a.session_id IS NOT DISTINCT FROM w.session_id),
@@ -104,15 +106,17 @@ a AS (
   SELECT * EXCLUDE (k, nth) FROM by_time WHERE nth = k
     AND (request_id, position) NOT IN (SELECT (request_id, position) FROM by_id))
 SELECT *, span_ms - coalesce(approval_ms, 0) - tool_ms AS agent_ms FROM (
-SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.answered_at,
-  w.run_ms AS span_ms,
+SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.ended_at, w.answered_at,
+  w.run_ms AS span_ms, a.result_at,
   CASE WHEN a.by_person THEN coalesce(a.blocked_ms,
-    greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at)) / 1000.0)) END AS approval_ms,
+    greatest(0, (epoch_us(a.decided_at) - epoch_us(w.ended_at)) / 1000.0)) END AS approval_ms,
   coalesce(a.execution_ms, a.run_ms) AS tool_ms,
   a.decision, a.decision_source, a.source AS agent,
   CASE WHEN a.source IS NULL THEN 'wire' ELSE 'wire+agent' END AS accounts
-FROM w LEFT JOIN a USING (request_id, position));
-"""
+FROM w LEFT JOIN a USING (request_id, position))"""
+
+
+TOOL_RUN_ACCOUNTS_SQL = f"CREATE OR REPLACE TEMP VIEW tool_run_accounts AS {tool_run_accounts_sql()};\n"
 
 # The agent logs an API request when it ends, with its duration: the wire request of its session (`same_session`)
 # that lies within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and

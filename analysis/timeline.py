@@ -39,7 +39,7 @@ WEEK = timedelta(days=7)  # the window `sessions`, `session`, `errors`' slow ses
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
 PEER_WINDOW_S = 3600.0  # its peers: the sessions on the same model within this of it
 # Each instant goes to the first of these that covers it.
-PRIORITY = ("generating", "wait", "tool", "you")
+PRIORITY = ("generating", "wait", "tool", "agent", "approving", "you")
 
 ROWS_SQL = """
 SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, session_id, tool, key_fingerprint,
@@ -109,9 +109,19 @@ COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "tt
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
            "outcome")
 # Each call of the requests in a stretch of time and when its result came (analysis/views.py's pairing).
+# With the agent's account of each (analysis/agent_account.py): its approval and run (ms), when it reported
+# the run's end, and the accounts it comes from.
 RUNS_SQL = """
-SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended FROM ({runs})
+SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended, approval_ms, tool_ms,
+  epoch(result_at) AS result_at, accounts FROM ({runs})
 ORDER BY request_id, position
+"""
+# The agent's API requests of the sessions shown, from the time they span: the client-side time it took
+# around a wire request's, and those that never reached llmtap (analysis/agent_account.py).
+AGENT_REQUESTS_SQL = """
+SELECT session_id, request_id, measure, client_ms, epoch(event_at) AS at, agent_ms, never_reached_llmtap
+FROM api_request_accounts WHERE event_at >= to_timestamp({low!r}) AND event_at <= to_timestamp({high!r})
+  AND (never_reached_llmtap OR client_ms IS NOT NULL)
 """
 # `report --by tool_name`: a call alone in its response counts its own run under its name; the calls of a
 # parallel group count once, as the group (`Bash+Read`: from its first block's end to its last result), and
@@ -133,14 +143,17 @@ SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms
   quantile_cont(run_ms, 0.99) / 1000 AS p99_s, max(run_ms) / 1000 AS max_s, coalesce(sum(run_ms), 0) / 1000 AS total_s
 FROM timed GROUP BY tool_name ORDER BY total_s DESC, tool_name
 """
-# request id -> its calls' (name, when the result came, when the call's block ended: None, the response's end)
+# request id -> its calls' (name, when the result came, when the call's block ended: None, the response's end,
+# and the agent's account: approval ms, the tool's run ms, when it reported the run, 'wire' or 'wire+agent')
 Runs = dict[str, list[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
 class Span:
-    kind: str  # "model", "tool" or "you"
-    part: str  # model: "wait" or "generating"; tool: the tools' names ("Bash+Read"); you: "you"
+    kind: str  # "model", "tool", "agent" (the agent's own time, its account) or "you"
+    # model: "wait" or "generating"; tool: the tools' names ("Bash+Read"); you: "you" or "approving" (a call,
+    # the agent's account); agent: "agent", or "request" (one it made that never reached llmtap)
+    part: str
     start_s: float  # epoch seconds (UTC)
     end_s: float | None  # None: open, a tool result that never came
     request_id: str  # the request it belongs to (model) or follows (tool, you)
@@ -160,8 +173,10 @@ class Totals:
     wait_s: float = 0.0
     generating_s: float = 0.0
     tools_s: dict[str, float] = field(default_factory=dict)  # by span name, longest first
-    you_s: float = 0.0
+    you_s: float = 0.0  # approving_s in it
     other_s: float = 0.0
+    agent_s: float = 0.0  # the agent's own time within tool spans (its account)
+    approving_s: float = 0.0  # you, approving a tool call (the agent's account)
 
     @property
     def model_s(self) -> float:
@@ -189,6 +204,10 @@ class Session:
     spans: list[Span]
     totals: Totals
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
+    accounts: str = "wire"  # what it was built from: "wire", or "wire + agent" (the agent's own account too)
+    # the agent's client-side time around the wire's (ms, by `measure`: e2e, headers, ttft; and per request)
+    client_ms: dict[str, float] = field(default_factory=dict)
+    request_client_ms: dict[str, float] = field(default_factory=dict)
 
 
 def a_week(filters: Filters) -> Filters:
@@ -238,10 +257,13 @@ def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool 
     have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql, flags)
     if not members:
         return total, []
-    runs = _runs(query, have, where, [row for rows in members.values() for row in rows])
+    everyone = [row for rows in members.values() for row in rows]
+    runs = _runs(query, have, where, everyone)
+    agent = _agent_requests(query, have, everyone)
     found = []
     for key, rows in members.items():
-        session = timeline(rows, runs)
+        mine = agent.get(rows[0]["session_id"], []) if rows[0]["session_id"] else []
+        session = timeline(rows, runs, mine)
         session.key = key
         found.append(session)
     found_flags = _flags(cells, {s.key for s in found}) if flags else {}
@@ -291,11 +313,24 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
     stretch = (f"kind = 'generation' AND ({where}) AND started_at >= to_timestamp({low!r}) - INTERVAL 1 SECOND"
                f" AND started_at <= to_timestamp({high!r}) + INTERVAL 1 SECOND")
     wanted = {r["id"] for r in rows}
-    for request_id, name, answered, ended in query(RUNS_SQL.format(runs=tool_runs_sql(
-            stretch, f"to_timestamp({low!r}) - INTERVAL 1 SECOND")))[2]:
+    from analysis.agent_account import tool_run_accounts_sql
+
+    for request_id, *call in query(RUNS_SQL.format(runs=tool_run_accounts_sql(tool_runs_sql(
+            stretch, f"to_timestamp({low!r}) - INTERVAL 1 SECOND"))))[2]:
         if request_id in wanted:
-            runs[request_id].append((name, answered, ended))
+            runs[request_id].append(tuple(call))
     return runs
+
+
+def _agent_requests(query: Query, have: set[str], rows: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
+    """The agent's API requests (AGENT_REQUESTS_SQL) around the time `rows` span, by session id."""
+    found: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    if "tool_calls" not in have or "upstream_headers_ms" not in have:  # no agent views made (views.create_views)
+        return found
+    low, high = min(r["t0"] for r in rows) - 60, max(_end(r) for r in rows) + 60
+    for session_id, *request in query(AGENT_REQUESTS_SQL.format(low=low, high=high))[2]:
+        found[session_id].append(tuple(request))
+    return found
 
 
 def slow_sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[dict[str, str | None]]:
@@ -322,16 +357,29 @@ def _end(row: dict[str, Any]) -> float:
     return row["t0"] + row["e2e_ms"] / 1000
 
 
-def timeline(rows: list[dict[str, Any]], runs: Runs) -> Session:
-    """One session's spans and totals, from its generations in time order and their tool calls' runs."""
+def timeline(rows: list[dict[str, Any]], runs: Runs, agent: list[tuple[Any, ...]] | None = None) -> Session:
+    """One session's spans and totals, from its generations in time order, their tool calls' runs and the
+    agent's API requests (`_agent_requests`: those that never reached llmtap are spans of their own)."""
     spans = [*_model_spans(rows), *_tool_spans(rows, runs)]
     spans += _you_spans(rows, spans, runs)
-    spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
     first = rows[0]
     start, end = first["t0"], max(_end(r) for r in rows)
+    ids = {r["id"] for r in rows}
+    agent = agent or []
+    lost = [Span("agent", "request", at - agent_ms / 1000, at, "") for _, _, _, at, agent_ms, never in agent
+            if never and start <= at <= end and agent_ms]
+    spans += lost
+    spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
+    mine = [(rid, measure, ms) for rid, measure, ms, *_ in agent if rid in ids and ms is not None]
+    client: dict[str, float] = defaultdict(float)
+    for _, measure, ms in mine:
+        client[measure] += ms
+    joined = lost or mine or any(c[6] == "wire+agent" for r in rows for c in runs.get(r["id"], ()) if len(c) > 6)
     return Session(
+        accounts="wire + agent" if joined else "wire", client_ms=dict(client),
+        request_client_ms={rid: ms for rid, measure, ms in mine if measure != "ttft"},
         key=_key(first), session_id=first["session_id"], inferred=not first["session_id"], tool=first["tool"],
-        start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.kind == "you" for s in spans),
+        start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.part == "you" for s in spans),
         input_tokens=_sum(r["input_tokens"] for r in rows), output_tokens=_sum(r["output_tokens"] for r in rows),
         cost_usd=_sum(r["cost_usd"] for r in rows), models=sorted({r["request_model"] for r in rows if r["request_model"]}),
         spans=spans, totals=totals(spans, start, end))
@@ -367,8 +415,42 @@ def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
         names = tuple(call[0] or "?" for call in calls)
         ended = [call[2] for call in calls if len(call) > 2 and call[2] is not None]
         end = None if None in answered else max(answered)
-        yield Span("tool", "+".join(dict.fromkeys(names)), min(ended, default=_end(row)), end, row["id"],
-                   row["request_model"], names)
+        yield from _split(Span("tool", "+".join(dict.fromkeys(names)), min(ended, default=_end(row)), end, row["id"],
+                               row["request_model"], names), calls)
+
+
+def _split(span: Span, calls: list[tuple[Any, ...]]) -> Iterable[Span]:
+    """A tool span by the agent's account of its calls (analysis/agent_account.py): from its start, the
+    person approving (of a group, the longest approval); the calls' runs (each from its reported end back
+    by its duration, a group's overlapping runs once); the rest the agent's own. Unchanged without one."""
+    approvals = [c[3] for c in calls if len(c) > 3 and c[3] is not None]
+    timed = [c for c in calls if len(c) > 4 and c[4] is not None]
+    if span.end_s is None or not (approvals or timed):
+        yield span
+        return
+    start, end = span.start_s, span.end_s
+    cursor = min(end, start + max(approvals, default=0.0) / 1000)
+    if cursor > start:
+        yield replace(span, kind="you", part="approving", end_s=cursor, calls=())
+    if not timed:
+        yield replace(span, start_s=cursor)
+        return
+    runs = sorted((c[5] - c[4] / 1000, c[5]) if c[5] is not None else (cursor, cursor + c[4] / 1000) for c in timed)
+    merged: list[list[float]] = []
+    for a, b in ((max(a, cursor), min(b, end)) for a, b in runs):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    for a, b in merged:
+        if a > cursor:
+            yield replace(span, kind="agent", part="agent", start_s=cursor, end_s=a, calls=())
+        yield replace(span, start_s=a, end_s=b)
+        cursor = b
+    if end > cursor:
+        yield replace(span, kind="agent", part="agent", start_s=cursor, end_s=end, calls=())
 
 
 def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
@@ -397,13 +479,13 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
                     key=lambda e: (e[0], e[1]))
     out = Totals(wall_s=end - start)
     tools: dict[str, float] = defaultdict(float)
-    active: dict[str, list[tuple[float, int, Span]]] = {"generating": [], "wait": [], "tool": [], "you": []}
+    active: dict[str, list[tuple[float, int, Span]]] = {part: [] for part in PRIORITY}
     entered = 0
     for a, b in zip(edges, edges[1:]):
         while entered < len(closed) and closed[entered][0] <= a:
             _, i, span = closed[entered]
             order = span.start_s if span.kind == "tool" else (span.end_s or 0.0)
-            heappush(active["tool" if span.kind == "tool" else span.part], (order, i, span))
+            heappush(active[span.kind if span.kind in ("tool", "agent") else span.part], (order, i, span))
             entered += 1
         if b <= start or a >= end:
             continue
@@ -423,8 +505,11 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
             out.wait_s += b - a
         elif top == "tool":
             tools[active["tool"][0][2].part] += b - a
+        elif top == "agent":
+            out.agent_s += b - a
         else:
             out.you_s += b - a
+            out.approving_s += (b - a) * (top == "approving")
     out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
     return out
 
