@@ -106,7 +106,7 @@ a AS (
   SELECT * EXCLUDE (k, nth) FROM by_time WHERE nth = k
     AND (request_id, position) NOT IN (SELECT (request_id, position) FROM by_id))
 SELECT *, span_ms - coalesce(approval_ms, 0) - tool_ms AS agent_ms FROM (
-SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.ended_at, w.answered_at,
+SELECT w.request_id, w.session_id, w.position, w.calls, w.call_id, w.name, w.asked_at, w.ended_at, w.answered_at,
   w.run_ms AS span_ms, a.result_at,
   CASE WHEN a.by_person THEN coalesce(a.blocked_ms,
     greatest(0, (epoch_us(a.decided_at) - epoch_us(w.ended_at)) / 1000.0)) END AS approval_ms,

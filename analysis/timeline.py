@@ -126,15 +126,18 @@ FROM api_request_accounts WHERE event_at >= to_timestamp({low!r}) AND event_at <
 # `report --by tool_name`: a call alone in its response counts its own run under its name; the calls of a
 # parallel group count once, as the group (`Bash+Read`: from its first block's end to its last result), and
 # under their names as `in_groups` (the wire does not say when each one of them ended).
+# With the agent's account (analysis/agent_account.py) a call counts its own run (`tool_ms`), alone or in a group,
+# and a group whose calls all have one is not counted as a group.
 TOOL_NAME_SQL = """
-WITH runs AS ({runs}),
+WITH runs AS (SELECT *, tool_ms IS NOT NULL AS own FROM ({runs})),
 groups AS (
   SELECT list(coalesce(name, '?') ORDER BY position) AS names,
     CASE WHEN count(answered_at) = count(*) THEN (epoch_us(max(answered_at)) - epoch_us(min(ended_at))) / 1000.0
     END AS run_ms
-  FROM runs WHERE calls > 1 GROUP BY request_id),
+  FROM runs WHERE calls > 1 GROUP BY request_id HAVING NOT bool_and(own)),
 timed AS (
-  SELECT name AS tool_name, CASE WHEN calls = 1 THEN run_ms END AS run_ms, calls = 1 AS timed FROM runs
+  SELECT name AS tool_name, CASE WHEN own THEN tool_ms WHEN calls = 1 THEN span_ms END AS run_ms,
+    calls = 1 OR own AS timed FROM runs
   UNION ALL SELECT array_to_string(list_filter(names, lambda x, i: list_position(names, x) = i), '+'), run_ms, true
   FROM groups)
 SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms IS NULL) AS open,
@@ -527,7 +530,9 @@ def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
     if low is None:
         return []
     first = f"{sql_string(low)}::TIMESTAMPTZ - INTERVAL 1 MILLISECOND"
-    columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_runs_sql(calls, first)))
+    from analysis.agent_account import tool_run_accounts_sql
+
+    columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_run_accounts_sql(tool_runs_sql(calls, first))))
     return [dict(zip(columns, r)) for r in data]
 
 
