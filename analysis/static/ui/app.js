@@ -498,28 +498,30 @@
       var t = s.totals, wall = Math.max(s.wall_s, 1e-9);
       var items = s.spans.map(function (sp) {
         var size = sp.seconds == null ? wall - sp.start_s : sp.seconds;
-        return { label: sp.kind + (sp.kind === "you" ? "" : ": " + (sp.part === "wait" ? "first token" : sp.part)),
+        return { label: sp.kind + (sp.part === sp.kind ? "" : ": " + (sp.part === "wait" ? "first token" : sp.part)),
                  start: sp.start_s, size: size, value: sp.seconds, text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
       });
       show(h("h1", null, "Session " + s.session + (s.inferred ? " (inferred)" : "")),
         h("p", { "class": "muted" }, (s.tool || "unknown tool") + " · " + when(s.start) + " UTC · " + s.requests + " requests · " +
-          s.turns + " turns · " + (s.models.join(", ") || "no model named")),
+          s.turns + " turns · " + (s.models.join(", ") || "no model named") + " · accounts: " + (s.accounts || "wire")),
         h("div", { "class": "kpis" }, kpi("wall", secs(s.wall_s)), kpi("model", secs(t.model_s) + " · " + pct(t.model_s, s.wall_s)),
           kpi("first token", secs(t.wait_s)), kpi("generating", secs(t.generating_s)),
           kpi("tools", secs(t.tool_s) + " · " + pct(t.tool_s, s.wall_s)), kpi("you", secs(t.you_s) + " · " + pct(t.you_s, s.wall_s)),
+          s.accounts === "wire + agent" ? kpi("agent", secs(t.agent_s) + " · approving " + secs(t.approving_s)) : null,
           kpi("other", secs(t.other_s))),
         s.slow ? h("p", { "class": "error" }, "Slow: " + s.slow) : null,
-        h("div", { "class": "legend" }, [["wait", "model: first token"], ["generating", "model: generating"], ["tool", "tool run"], ["you", "you"]]
+        h("div", { "class": "legend" }, [["wait", "model: first token"], ["generating", "model: generating"], ["tool", "tool run"], ["agent", "the agent's own"], ["approving", "you: approving"], ["you", "you"]]
           .map(function (l) { return h("span", null, h("i", { "class": l[0] }), l[1]); })),
         h("div", { id: "gantt" }, bars(items, wall, function (it) {
-          return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : "");
+          return it.span.kind === "model" || it.span.part === "approving" ? it.span.part : it.span.kind + (it.span.open ? " open" : "");
         })),
         h("h2", null, "Tools"), table(["tool", "time", "share"], Object.keys(t.tools_s).map(function (k) {
           return h("tr", null, cell(k, k, "text"), cell(t.tools_s[k], secs(t.tools_s[k]), "num"), cell(null, pct(t.tools_s[k], s.wall_s), "num"));
         }), { label: "Tools" }),
-        h("h2", null, "Spans"), table(["at", "kind", "part", "seconds", "request"], s.spans.map(function (sp) {
+        h("h2", null, "Spans"), table(["at", "kind", "part", "seconds", "request", "account"], s.spans.map(function (sp) {
           return h("tr", { "class": "span" }, cell(sp.start_s, "+" + secs(sp.start_s), "num"), cell(sp.kind, sp.kind), cell(sp.part, sp.part, "text"),
-            cell(sp.seconds, secs(sp.seconds), "num"), h("td", { "data-value": sp.request_id }, link("#/request/" + encodeURIComponent(sp.request_id), short(sp.request_id))));
+            cell(sp.seconds, secs(sp.seconds), "num"), h("td", { "data-value": sp.request_id }, sp.request_id ? link("#/request/" + encodeURIComponent(sp.request_id), short(sp.request_id)) : "–"),
+            cell(sp.account, sp.account || "wire"));
         }), { label: "Spans" }));
     }).catch(failed);
   }
