@@ -264,7 +264,9 @@ def session_split(db: Path, tool: str, command_ms: float, duration_ms: float) ->
                                                  "--format", "json"]).output)
     assert listed["accounts"] == shown["accounts"] == "wire + agent"
     spans = shown["spans"]
-    [run] = [sp for sp in spans if sp["kind"] == "tool" and sp["part"] == tool]
+    print("\n".join(f"  {sp['start_s']:8.3f} {sp['kind']:6} {sp['part']:10} {sp['seconds']} {sp['request_id'][:8]}"
+                    for sp in spans) + f"\n  load {os.getloadavg()[0]:.1f}")
+    [run] = [sp for sp in spans if sp["kind"] == "tool" and sp["part"] == tool and not sp["open"]]
     asking = run["request_id"]
     split = {"approval": 1000 * sum(sp["seconds"] for sp in spans if sp["part"] == "approving" and sp["request_id"] == asking),
              "run": 1000 * run["seconds"],
@@ -273,11 +275,17 @@ def session_split(db: Path, tool: str, command_ms: float, duration_ms: float) ->
     assert t["model_s"] + t["tool_s"] + t["agent_s"] + t["you_s"] + t["other_s"] == pytest.approx(shown["wall_s"], abs=0.01)
     print(f"  llmtap session: approval {split['approval']:.0f} ms (you), {tool}'s run {split['run']:.0f} ms, the agent's "
           f"own {split['agent']:.0f} ms (the command's own run {command_ms:.0f} ms, the agent's duration_ms {duration_ms:.0f})")
-    assert command_ms - 5 <= split["run"] <= command_ms + RUN_SLACK_MS, (split, command_ms)
+    assert command_ms - 5 <= split["run"] <= command_ms + loaded(RUN_SLACK_MS, 1000), (split, command_ms)
     return split
 
 
 RUN_SLACK_MS = 250  # the most a CLI's tool run may take beyond its command's own (spawning a shell, reading its output)
+
+
+def loaded(idle: float, busy: float) -> float:
+    """A tolerance for a CLI's own work: `busy` on a shared machine under load (a load of 10 on 2 cores
+    slows Claude Code's spawning and its prompt by hundreds of ms), else `idle`."""
+    return idle if os.getloadavg()[0] < 4 else busy
 
 
 def print_api(api: list[dict[str, Any]]) -> None:
@@ -540,7 +548,7 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
     assert command_ms <= run["tool_ms"] + 5 and run["agent_ms"] >= 0
     assert run["approval_ms"] + run["tool_ms"] + run["agent_ms"] == pytest.approx(run["span_ms"])
     split = session_split(tmp_path / "llmtap.duckdb", "Bash", command_ms, result["duration_ms"])
-    slack = 300 if os.getloadavg()[0] < 4 else 1000  # Claude Code's own time to put the prompt up, under load
+    slack = loaded(300, 1000)  # Claude Code's own time to put the prompt up
     print(f"  the approval recorded {split['approval']:.0f} ms against the {waited_ms:.0f} ms waited")
     assert abs(split["approval"] - waited_ms) <= slack, (split, waited_ms)
 
