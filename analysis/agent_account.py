@@ -46,11 +46,12 @@ API_SLACK = "INTERVAL 50 MILLISECOND"
 
 def same_session(wire: str, agent: str) -> str:
     """A wire row and an agent event of one session: its id, else (a CLI that sends none on the wire, as
-    Gemini CLI) the wire row has none and its tool, if known, names the agent: their letters, one the
-    other's start (`geminicli-tui` and `gemini-cli`, `codex` and `codex_exec`)."""
+    Gemini CLI) the wire row has none or one llmtap inferred (`~…`, proxy/meter/conversations.py) and its
+    tool, if known, names the agent: their letters, one the other's start (`geminicli-tui` and
+    `gemini-cli`, `codex` and `codex_exec`)."""
     w, a = (f"regexp_replace(lower({x}), '[^a-z]', '', 'g')" for x in (f"{wire}.tool", f"{agent}.source"))
-    return (f"({wire}.session_id = {agent}.session_id OR ({wire}.session_id IS NULL AND ({wire}.tool IS NULL "
-            f"OR starts_with({w}, {a}) OR starts_with({a}, {w}))))")
+    return (f"({wire}.session_id = {agent}.session_id OR (coalesce(starts_with({wire}.session_id, '~'), true) "
+            f"AND ({wire}.tool IS NULL OR starts_with({w}, {a}) OR starts_with({a}, {w}))))")
 
 
 AGENT_TOOL_CALLS_SQL = f"""

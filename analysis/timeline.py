@@ -265,7 +265,7 @@ def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool 
     agent = _agent_requests(query, have, everyone)
     found = []
     for key, rows in members.items():
-        mine = agent.get(rows[0]["session_id"], []) if rows[0]["session_id"] else []
+        mine = [*agent.get(rows[0]["session_id"] or "", ()), *(a for r in rows for a in agent.get(r["id"], ()))]
         session = timeline(rows, runs, mine)
         session.key = key
         found.append(session)
@@ -326,13 +326,14 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
 
 
 def _agent_requests(query: Query, have: set[str], rows: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
-    """The agent's API requests (AGENT_REQUESTS_SQL) around the time `rows` span, by session id."""
+    """The agent's API requests (AGENT_REQUESTS_SQL) around the time `rows` span: by the wire request they
+    were, and those that never reached llmtap by the agent's session id."""
     found: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     if "tool_calls" not in have or "upstream_headers_ms" not in have:  # no agent views made (views.create_views)
         return found
     low, high = min(r["t0"] for r in rows) - 60, max(_end(r) for r in rows) + 60
     for session_id, *request in query(AGENT_REQUESTS_SQL.format(low=low, high=high))[2]:
-        found[session_id].append(tuple(request))
+        found[request[0] or session_id or ""].append(tuple(request))
     return found
 
 

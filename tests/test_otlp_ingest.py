@@ -473,6 +473,7 @@ async def test_real_gemini_cli_reports_its_tool_call_joined_by_name_and_time(tmp
     span = f"{run['span_ms']:.0f} ms" if run["span_ms"] is not None else "open (its result's made-up id)"
     print(f"\nGemini CLI run_shell_command: the command's own run {command_ms:.0f} ms, Gemini CLI's duration_ms "
           f"{call['duration_ms']:.0f}, llmtap's tool span {span}")
+    session_split(tmp_path / "llmtap.duckdb", "run_shell_command", command_ms, call["duration_ms"])
     print_api([a for a in api if a["request_id"] is not None])
 
 
