@@ -263,6 +263,7 @@ def session_split(db: Path, tool: str, command_ms: float, duration_ms: float) ->
     shown = json.loads(CliRunner().invoke(main, ["session", listed["session"], "--db", str(db), "--since", "all",
                                                  "--format", "json"]).output)
     assert listed["accounts"] == shown["accounts"] == "wire + agent"
+    print(CliRunner().invoke(main, ["session", listed["session"], "--db", str(db), "--since", "all"]).output)
     spans = shown["spans"]
     print("\n".join(f"  {sp['start_s']:8.3f} {sp['kind']:6} {sp['part']:10} {sp['seconds']} {sp['request_id'][:8]}"
                     for sp in spans) + f"\n  load {os.getloadavg()[0]:.1f}")
