@@ -22,14 +22,11 @@ Views (`create_agent_views`):
   session and call id, else (no id) by tool name and order within the wire span's time;
 - `api_request_accounts`: one row per agent API event, with the wire request it was (or none).
 
-For the timeline (analysis/timeline.py): read `tool_run_accounts` where it reads `tool_runs` (the same rows,
-one per wire call, LEFT JOINed: `accounts` is `wire` where the agent said nothing). A tool span from `start`
-to `end` then splits into `approval_ms` from its start (the person's: counted as you; of a group of calls,
-the longest), the calls' `tool_ms` (each call's own run, for `report --by tool_name`; the group's wall
-once), and the rest, the agent's own time. A session whose calls have any `wire+agent` row was built from
-both accounts. `api_request_accounts` gives each request the agent's `client_ms` (its own time around the
-wire's), and the agent's requests that never reached llmtap (`never_reached_llmtap`), to show as it saw
-them: from `event_at - agent_ms` to `event_at`.
+The timeline (analysis/timeline.py) reads `tool_run_accounts_sql` over the runs of the time it shows (one
+query, the same rows as `tool_runs`: `accounts` is `wire` where the agent said nothing) and splits each
+tool span by it (docs/sessions.md), and `api_request_accounts` for the agent's `client_ms` per request and
+its requests that never reached llmtap (`never_reached_llmtap`), shown as it saw them: from
+`event_at - agent_ms` to `event_at`.
 """
 
 from __future__ import annotations

@@ -12,9 +12,14 @@ the tool and key, said to be inferred), ordered in time, a timeline of spans:
 - **you**: a response that asked for no tool, from its end to the next request, when nothing else
   of the session ran in between (the person reading and typing).
 
+Where the agent sent its own account (analysis/agent_account.py, docs/sessions.md), a tool span splits
+into **you** `approving` (the person's decision), **tool** (each call's own run, a group's overlap once)
+and **agent** (the CLI's own time, the rest); a request the agent timed that never reached llmtap is an
+**agent** `request` span. Without it every span is the wire's alone.
+
 Requests that overlap (Claude Code's subagents, its side requests to a small model) are counted
-once in wall-clock terms: each instant of the session goes to one part, the model before tools
-before you (`Totals`), and what none covers is `other`. A gap longer than `gap_s` (30 minutes
+once in wall-clock terms: each instant of the session goes to one part, the model before tools before
+the agent's own before you (`Totals`), and what none covers is `other`. A gap longer than `gap_s` (30 minutes
 unless told) splits a session in two; the later part's key gets `/2`, `/3`.
 """
 
