@@ -321,10 +321,10 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
     stretch = (f"kind = 'generation' AND ({where}) AND started_at >= to_timestamp({low!r}) - INTERVAL 1 SECOND"
                f" AND started_at <= to_timestamp({high!r}) + INTERVAL 1 SECOND")
     wanted = {r["id"] for r in rows}
-    from analysis.agent_account import tool_run_accounts_sql
+    from analysis.agent_account import runs_with_accounts
 
-    for request_id, *call in query(RUNS_SQL.format(runs=tool_run_accounts_sql(tool_runs_sql(
-            stretch, f"to_timestamp({low!r}) - INTERVAL 1 SECOND"))))[2]:
+    since = f"to_timestamp({low!r}) - INTERVAL 1 SECOND"
+    for request_id, *call in query(RUNS_SQL.format(runs=runs_with_accounts(query, tool_runs_sql(stretch, since), since)))[2]:
         if request_id in wanted:
             runs[request_id].append(tuple(call))
     return runs
@@ -536,9 +536,9 @@ def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
     if low is None:
         return []
     first = f"{sql_string(low)}::TIMESTAMPTZ - INTERVAL 1 MILLISECOND"
-    from analysis.agent_account import tool_run_accounts_sql
+    from analysis.agent_account import runs_with_accounts
 
-    columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_run_accounts_sql(tool_runs_sql(calls, first))))
+    columns, _, data = query(TOOL_NAME_SQL.format(runs=runs_with_accounts(query, tool_runs_sql(calls, first), first)))
     return [dict(zip(columns, r)) for r in data]
 
 
