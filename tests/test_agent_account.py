@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from analysis import timeline
 from analysis.agent_account import create_agent_views
 from analysis.source import FileSource
+from analysis.web.api import endpoint
 from analysis.views import create_views
 from proxy.cli import main
 from proxy.settings.client_key import telemetry_token
@@ -239,6 +240,9 @@ async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simu
     try:
         [session] = timeline.matching(source.query, SESSION)
         by_tool = {g["tool_name"]: g for g in timeline.tool_names(source.query)}
+        page = endpoint(f"request/{session.spans[0].request_id}")
+        assert page is not None
+        status, body = page(source.query, {})
     finally:
         source.close()
     assert session.accounts == "wire + agent"
@@ -264,3 +268,7 @@ async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simu
     shown = CliRunner().invoke(main, ["session", SESSION, "--db", str(db)]).output
     assert "accounts: wire + agent" in shown and "approving" in shown and "agent  not at llmtap" in shown, shown
     assert "The agent's own client-side time" in shown, shown
+    # the web UI's request page: the agent's account of the request that asked for Bash
+    [account] = orjson.loads(body)["agent"]
+    assert status == 200 and (account["measure"], account["agent_ms"]) == ("e2e", ms(sent1, ended1) + 5)
+    assert account["client_ms"] == pytest.approx(account["agent_ms"] - account["wire_ms"])

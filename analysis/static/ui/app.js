@@ -421,6 +421,10 @@
         h("p", { "class": "muted" }, "From the arrival at the proxy (0) to the end (" + ms(r.e2e_ms) +
           "); the parts are the row's columns (docs/columns.md). Where the upstream stated its time, the wait it" +
           " accounts for is its stated time and the rest is the path (network, gateways)."));
+      (d.agent || []).forEach(function (a) {  // the agent's own account of it (docs/sessions.md)
+        sections.push(h("p", { "class": "agent-account" }, "The agent's account (" + a.agent + ", " + a.event_name + "): " +
+          ms(a.agent_ms) + " against llmtap's " + ms(a.wire_ms) + " (" + a.measure + "): its own client-side time " + ms(a.client_ms) + "."));
+      });
       sections.push(h("h2", null, "Chunk timeline"));
       if (d.chunks.length) {
         var gaps = d.chunks.slice(1).map(function (c, i) { return { at: d.chunks[i].offset_ms, gap: c.offset_ms - d.chunks[i].offset_ms, seq: c.seq }; })
