@@ -118,18 +118,24 @@ FROM w LEFT JOIN a USING (request_id, position))"""
 TOOL_RUN_ACCOUNTS_SQL = f"CREATE OR REPLACE TEMP VIEW tool_run_accounts AS {tool_run_accounts_sql()};\n"
 
 
-def runs_with_accounts(query: Callable[[str], Any], runs: str, since: str) -> str:
-    """`tool_run_accounts_sql(runs)` where the agents reported anything since `since` (an SQL timestamp),
-    else `runs` with the accounts' columns empty (`wire`): a store without telemetry pays nothing for the
-    join. `query`: a Source's; its views made by `views.create_views` (no `agent_events`: wire only)."""
+def reported(query: Callable[[str], Any], since: str) -> bool:
+    """Whether the agents reported anything since `since` (an SQL timestamp) where `query` (a Source's)
+    sees the agent views (`views.create_views`; not a source without them: an older server's, several files)."""
     try:
-        reported = query(f"SELECT count(*) FROM (SELECT 1 FROM agent_events WHERE event_at >= {since} LIMIT 1)")[2][0][0]
-    except Exception:  # noqa: BLE001  (a source without the agent views: an older server's, a bare table)
-        reported = 0
-    if reported:
+        query("SELECT 1 FROM tool_run_accounts, api_request_accounts LIMIT 0")  # the views are there
+        return bool(query(f"SELECT count(*) FROM (SELECT 1 FROM agent_events WHERE event_at >= {since} LIMIT 1)")[2][0][0])
+    except Exception:  # noqa: BLE001  (no agent views: the wire's account alone)
+        return False
+
+
+def runs_with_accounts(query: Callable[[str], Any], runs: str, since: str) -> str:
+    """`tool_run_accounts_sql(runs)` where the agents `reported` since `since`, else `runs` with the
+    accounts' columns empty (`wire`): a store without telemetry pays nothing for the join."""
+    if reported(query, since):
         return tool_run_accounts_sql(runs)
     return (f"SELECT *, run_ms AS span_ms, CAST(NULL AS TIMESTAMPTZ) AS result_at, CAST(NULL AS DOUBLE) AS approval_ms,"
             f" CAST(NULL AS DOUBLE) AS tool_ms, CAST(NULL AS DOUBLE) AS agent_ms, 'wire' AS accounts FROM ({runs})")
+
 
 # The agent logs an API request when it ends, with its duration: the wire request of its session (`same_session`)
 # that lies within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and

@@ -267,7 +267,7 @@ def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool 
         return total, []
     everyone = [row for rows in members.values() for row in rows]
     runs = _runs(query, have, where, everyone)
-    agent = _agent_requests(query, have, everyone)
+    agent = _agent_requests(query, everyone)
     found = []
     for key, rows in members.items():
         mine = [*agent.get(rows[0]["session_id"] or "", ()), *(a for r in rows for a in agent.get(r["id"], ()))]
@@ -330,13 +330,15 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
     return runs
 
 
-def _agent_requests(query: Query, have: set[str], rows: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
+def _agent_requests(query: Query, rows: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
     """The agent's API requests (AGENT_REQUESTS_SQL) around the time `rows` span: by the wire request they
     were, and those that never reached llmtap by the agent's session id."""
+    from analysis.agent_account import reported
+
     found: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-    if "tool_calls" not in have or "upstream_headers_ms" not in have:  # no agent views made (views.create_views)
-        return found
     low, high = min(r["t0"] for r in rows) - 60, max(_end(r) for r in rows) + 60
+    if not reported(query, f"to_timestamp({low!r})"):
+        return found
     for session_id, *request in query(AGENT_REQUESTS_SQL.format(low=low, high=high))[2]:
         found[request[0] or session_id or ""].append(tuple(request))
     return found
