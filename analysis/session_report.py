@@ -78,6 +78,7 @@ def render_sessions(found: list[Session], fmt: str, total: int | None = None) ->
         return ("no sessions in this window (sessions are made of generations: see `llmtap report --by session`;"
                 " --since all for every one)\n")
     first, second = [], []
+    agent = any(s.accounts != "wire" for s in found)  # the agent's own time: a column where any has it
     for s in found:
         t = s.totals
         key = (("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14) + (" !" if s.slow else "")
@@ -85,18 +86,17 @@ def render_sessions(found: list[Session], fmt: str, total: int | None = None) ->
         first.append([key, when(s.start_s)[:16], s.tool or "-", fmt_s(t.wall_s), str(s.turns), str(s.requests),
                       fmt_count(s.output_tokens), fmt_usd(s.cost_usd)])
         second.append([key, share(t.model_s, t.wall_s), share(t.wait_s, t.wall_s), share(t.generating_s, t.wall_s),
-                       top_tools(t), share(t.you_s, t.wall_s), share(t.other_s, t.wall_s)])
+                       top_tools(t), *([share(t.agent_s, t.wall_s)] if agent else []), share(t.you_s, t.wall_s),
+                       share(t.other_s, t.wall_s)])
     text = layout(["session", "start (UTC)", "tool", "wall", "turns", "reqs", "out", "cost"], first,
                   [False, False, False, True, True, True, True, True], limit=WIDTH, shrinkable=[2])
-    text += "\n" + layout(["session", "model", "wait", "gen", "tools (top 3)", "you", "other"], second,
-                          [False, True, True, True, False, True, True],
-                          groups=["", "share of wall time", "share of wall time", "share of wall time",
-                                  "share of wall time", "share of wall time", "share of wall time"],
-                          limit=WIDTH, shrinkable=[4])
+    names = ["session", "model", "wait", "gen", "tools (top 3)", *(["agent"] if agent else []), "you", "other"]
+    text += "\n" + layout(names, second, [False, True, True, True, False, *[True] * (len(names) - 5)],
+                          groups=["", *["share of wall time"] * (len(names) - 1)], limit=WIDTH, shrinkable=[4])
     notes = []
     if any(s.inferred for s in found):
         notes.append("~ inferred: the tool sends no session id, so its requests are grouped by tool and key.")
-    if any(s.accounts != "wire" for s in found):
+    if agent:
         notes.append("+ wire + agent: built from the agent's own account too (its approvals, runs and own time);"
                      " the rest from the wire alone.")
     for s in found:

@@ -269,7 +269,7 @@ async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simu
     assert "accounts: wire + agent" in shown and "approving" in shown and "agent  not at llmtap" in shown, shown
     assert "The agent's own client-side time" in shown, shown
     listed = CliRunner().invoke(main, ["sessions", "--db", str(db)]).output
-    assert f"{SESSION[:13]}… +" in listed and "+ wire + agent: built from the agent's own account too" in listed, listed
+    assert "tools (top 3)  agent  you" in listed and f"{SESSION[:13]}… +" in listed and "+ wire + agent: built from the agent's own account too" in listed, listed
     # the web UI's request page: the agent's account of the request that asked for Bash
     [account] = orjson.loads(body)["agent"]
     assert status == 200 and (account["measure"], account["agent_ms"]) == ("e2e", ms(sent1, ended1) + 5)
