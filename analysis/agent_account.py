@@ -22,18 +22,16 @@ Views (`create_agent_views`):
   session and call id, else (no id) by tool name and order within the wire span's time;
 - `api_request_accounts`: one row per agent API event, with the wire request it was (or none).
 
-For the timeline (analysis/timeline.py): read `tool_run_accounts` where it reads `tool_runs` (the same rows,
-one per wire call, LEFT JOINed: `accounts` is `wire` where the agent said nothing). A tool span from `start`
-to `end` then splits into `approval_ms` from its start (the person's: counted as you; of a group of calls,
-the longest), the calls' `tool_ms` (each call's own run, for `report --by tool_name`; the group's wall
-once), and the rest, the agent's own time. A session whose calls have any `wire+agent` row was built from
-both accounts. `api_request_accounts` gives each request the agent's `client_ms` (its own time around the
-wire's), and the agent's requests that never reached llmtap (`never_reached_llmtap`), to show as it saw
-them: from `event_at - agent_ms` to `event_at`.
+The timeline (analysis/timeline.py) reads `tool_run_accounts_sql` over the runs of the time it shows (one
+query, the same rows as `tool_runs`: `accounts` is `wire` where the agent said nothing) and splits each
+tool span by it (docs/sessions.md), and `api_request_accounts` for the agent's `client_ms` per request and
+its requests that never reached llmtap (`never_reached_llmtap`), shown as it saw them: from
+`event_at - agent_ms` to `event_at`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy.common.schema import AGENT_EVENT_COLUMNS
@@ -46,11 +44,12 @@ API_SLACK = "INTERVAL 50 MILLISECOND"
 
 def same_session(wire: str, agent: str) -> str:
     """A wire row and an agent event of one session: its id, else (a CLI that sends none on the wire, as
-    Gemini CLI) the wire row has none and its tool, if known, names the agent: their letters, one the
-    other's start (`geminicli-tui` and `gemini-cli`, `codex` and `codex_exec`)."""
+    Gemini CLI) the wire row has none or one llmtap inferred (`~…`, proxy/meter/conversations.py) and its
+    tool, if known, names the agent: their letters, one the other's start (`geminicli-tui` and
+    `gemini-cli`, `codex` and `codex_exec`)."""
     w, a = (f"regexp_replace(lower({x}), '[^a-z]', '', 'g')" for x in (f"{wire}.tool", f"{agent}.source"))
-    return (f"({wire}.session_id = {agent}.session_id OR ({wire}.session_id IS NULL AND ({wire}.tool IS NULL "
-            f"OR starts_with({w}, {a}) OR starts_with({a}, {w}))))")
+    return (f"({wire}.session_id = {agent}.session_id OR (coalesce(starts_with({wire}.session_id, '~'), true) "
+            f"AND ({wire}.tool IS NULL OR starts_with({w}, {a}) OR starts_with({a}, {w}))))")
 
 
 AGENT_TOOL_CALLS_SQL = f"""
@@ -85,10 +84,12 @@ LEFT JOIN spans s ON s.call_id = coalesce(r.call_id, d.call_id)
 # The wire's calls (`tool_runs`: request_id, session_id, position, call_id, name, asked_at, answered_at,
 # run_ms) with the agent's account. `k`: a call's place among its request's calls of one tool, for the
 # agents that send no call id, whose k-th report within the span is the k-th call.
-TOOL_RUN_ACCOUNTS_SQL = f"""
-CREATE OR REPLACE TEMP VIEW tool_run_accounts AS
+def tool_run_accounts_sql(runs: str = "SELECT * FROM tool_runs") -> str:
+    """`runs` (the `tool_runs` view, or `views.tool_runs_sql` over a stretch of time) with the agent's
+    account of each call, a SELECT: the timeline reads this one query for a session's spans."""
+    return f"""
 WITH w AS (
-  SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM tool_runs),
+  SELECT *, row_number() OVER (PARTITION BY request_id, name ORDER BY position) AS k FROM ({runs})),
 by_id AS (
   SELECT w.request_id, w.position, a.* FROM w JOIN agent_tool_calls a
     ON a.call_id = w.call_id AND a.session_id IS NOT DISTINCT FROM w.session_id),
@@ -104,15 +105,37 @@ a AS (
   SELECT * EXCLUDE (k, nth) FROM by_time WHERE nth = k
     AND (request_id, position) NOT IN (SELECT (request_id, position) FROM by_id))
 SELECT *, span_ms - coalesce(approval_ms, 0) - tool_ms AS agent_ms FROM (
-SELECT w.request_id, w.session_id, w.position, w.call_id, w.name, w.asked_at, w.answered_at,
-  w.run_ms AS span_ms,
+SELECT w.request_id, w.session_id, w.position, w.calls, w.call_id, w.name, w.asked_at, w.ended_at, w.answered_at,
+  w.run_ms AS span_ms, a.result_at,
   CASE WHEN a.by_person THEN coalesce(a.blocked_ms,
-    greatest(0, (epoch_us(a.decided_at) - epoch_us(w.asked_at)) / 1000.0)) END AS approval_ms,
+    greatest(0, (epoch_us(a.decided_at) - epoch_us(w.ended_at)) / 1000.0)) END AS approval_ms,
   coalesce(a.execution_ms, a.run_ms) AS tool_ms,
   a.decision, a.decision_source, a.source AS agent,
   CASE WHEN a.source IS NULL THEN 'wire' ELSE 'wire+agent' END AS accounts
-FROM w LEFT JOIN a USING (request_id, position));
-"""
+FROM w LEFT JOIN a USING (request_id, position))"""
+
+
+TOOL_RUN_ACCOUNTS_SQL = f"CREATE OR REPLACE TEMP VIEW tool_run_accounts AS {tool_run_accounts_sql()};\n"
+
+
+def reported(query: Callable[[str], Any], since: str) -> bool:
+    """Whether the agents reported anything since `since` (an SQL timestamp) where `query` (a Source's)
+    sees the agent views (`views.create_views`; not a source without them: an older server's, several files)."""
+    try:
+        query("SELECT 1 FROM tool_run_accounts, api_request_accounts LIMIT 0")  # the views are there
+        return bool(query(f"SELECT count(*) FROM (SELECT 1 FROM agent_events WHERE event_at >= {since} LIMIT 1)")[2][0][0])
+    except Exception:  # noqa: BLE001  (no agent views: the wire's account alone)
+        return False
+
+
+def runs_with_accounts(query: Callable[[str], Any], runs: str, since: str) -> str:
+    """`tool_run_accounts_sql(runs)` where the agents `reported` since `since`, else `runs` with the
+    accounts' columns empty (`wire`): a store without telemetry pays nothing for the join."""
+    if reported(query, since):
+        return tool_run_accounts_sql(runs)
+    return (f"SELECT *, run_ms AS span_ms, CAST(NULL AS TIMESTAMPTZ) AS result_at, CAST(NULL AS DOUBLE) AS approval_ms,"
+            f" CAST(NULL AS DOUBLE) AS tool_ms, CAST(NULL AS DOUBLE) AS agent_ms, 'wire' AS accounts FROM ({runs})")
+
 
 # The agent logs an API request when it ends, with its duration: the wire request of its session (`same_session`)
 # that lies within that time, the one ending nearest. What the agent's duration covers (`measure`): Claude Code's and

@@ -17,7 +17,7 @@ from analysis.timeline import Session, Span, Totals
 WIDTH = 80
 GANTT_WIDTH = 36
 TOP_TOOLS = 3
-PART_NAMES = {"you": ""}  # how a span's part reads in the chart (tools: their names; `wait` as the JSON and the UI name it)
+PART_NAMES = {"you": "", "agent": "", "request": "not at llmtap"}  # how a span's part reads in the chart (tools: their names; `wait` as the JSON and the UI name it)
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -49,18 +49,26 @@ def session_json(s: Session, spans: bool = False) -> dict[str, Any]:
         "turns": s.turns, "requests": s.requests, "models": s.models,
         "totals": {"model_s": round(t.model_s, 3), "wait_s": round(t.wait_s, 3), "generating_s": round(t.generating_s, 3),
                    "tool_s": round(t.tool_s, 3), "tools_s": {k: round(v, 3) for k, v in t.tools_s.items()},
-                   "you_s": round(t.you_s, 3), "other_s": round(t.other_s, 3)},
+                   "you_s": round(t.you_s, 3), "approving_s": round(t.approving_s, 3),
+                   "agent_s": round(t.agent_s, 3), "other_s": round(t.other_s, 3)},
+        "accounts": s.accounts, "client_ms": {k: round(v, 1) for k, v in s.client_ms.items()},
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cost_usd": s.cost_usd, "slow": s.slow,
     }
     if spans:
-        out["spans"] = [span_json(sp, s.start_s) for sp in s.spans]
+        out["spans"] = [span_json(sp, s.start_s, s.request_client_ms) for sp in s.spans]
     return out
 
 
-def span_json(span: Span, origin: float) -> dict[str, Any]:
-    return {"kind": span.kind, "part": span.part, "start_s": round(span.start_s - origin, 6),
-            "seconds": None if span.seconds is None else round(span.seconds, 6), "open": span.end_s is None,
-            "request_id": span.request_id, "model": span.model, "calls": list(span.calls)}
+def span_json(span: Span, origin: float, client_ms: dict[str, float] | None = None) -> dict[str, Any]:
+    """A span; `account`: the account it comes from (the agent's: its approvals, its own time, a request
+    that never reached llmtap); a model span's `client_ms`: the agent's own time around the request's."""
+    out = {"kind": span.kind, "part": span.part, "start_s": round(span.start_s - origin, 6),
+           "seconds": None if span.seconds is None else round(span.seconds, 6), "open": span.end_s is None,
+           "request_id": span.request_id, "model": span.model, "calls": list(span.calls),
+           "account": "agent" if span.kind == "agent" or span.part == "approving" else "wire"}
+    if span.kind == "model" and client_ms and span.request_id in client_ms:
+        out["client_ms"] = round(client_ms[span.request_id], 1)
+    return out
 
 
 def render_sessions(found: list[Session], fmt: str, total: int | None = None) -> str:
@@ -71,23 +79,27 @@ def render_sessions(found: list[Session], fmt: str, total: int | None = None) ->
         return ("no sessions in this window (sessions are made of generations: see `llmtap report --by session`;"
                 " --since all for every one)\n")
     first, second = [], []
+    agent = any(s.accounts != "wire" for s in found)  # the agent's own time: a column where any has it
     for s in found:
         t = s.totals
-        key = ("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14) + (" !" if s.slow else "")
+        key = (("~" if s.inferred else "") + truncate(s.key.lstrip("~"), 14) + (" !" if s.slow else "")
+               + (" +" if s.accounts != "wire" else ""))
         first.append([key, when(s.start_s)[:16], s.tool or "-", fmt_s(t.wall_s), str(s.turns), str(s.requests),
                       fmt_count(s.output_tokens), fmt_usd(s.cost_usd)])
         second.append([key, share(t.model_s, t.wall_s), share(t.wait_s, t.wall_s), share(t.generating_s, t.wall_s),
-                       top_tools(t), share(t.you_s, t.wall_s), share(t.other_s, t.wall_s)])
+                       top_tools(t), *([share(t.agent_s, t.wall_s)] if agent else []), share(t.you_s, t.wall_s),
+                       share(t.other_s, t.wall_s)])
     text = layout(["session", "start (UTC)", "tool", "wall", "turns", "reqs", "out", "cost"], first,
                   [False, False, False, True, True, True, True, True], limit=WIDTH, shrinkable=[2])
-    text += "\n" + layout(["session", "model", "wait", "gen", "tools (top 3)", "you", "other"], second,
-                          [False, True, True, True, False, True, True],
-                          groups=["", "share of wall time", "share of wall time", "share of wall time",
-                                  "share of wall time", "share of wall time", "share of wall time"],
-                          limit=WIDTH, shrinkable=[4])
+    names = ["session", "model", "wait", "gen", "tools (top 3)", *(["agent"] if agent else []), "you", "other"]
+    text += "\n" + layout(names, second, [False, True, True, True, False, *[True] * (len(names) - 5)],
+                          groups=["", *["share of wall time"] * (len(names) - 1)], limit=WIDTH, shrinkable=[4])
     notes = []
     if any(s.inferred for s in found):
         notes.append("~ inferred: the tool sends no session id, so its requests are grouped by tool and key.")
+    if agent:
+        notes.append("+ wire + agent: built from the agent's own account too (its approvals, runs and own time);"
+                     " the rest from the wire alone.")
     for s in found:
         if s.slow:
             notes.append(f"! {truncate(s.key, 14)} is slow: {s.slow}.")
@@ -105,7 +117,7 @@ def render_session(s: Session, fmt: str) -> str:
     wall = max(t.wall_s, 1e-9)
     head = (f"session {s.key}{' (inferred)' if s.inferred else ''}, {s.tool or 'unknown tool'}, "
             f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {s.requests} requests, {s.turns} turns; "
-            f"{', '.join(s.models) or 'no model named'}")
+            f"{', '.join(s.models) or 'no model named'}; accounts: {s.accounts}")
     lines = [head, ""]
     for span in s.spans:
         lines.append(_gantt_line(span, s.start_s, wall, s.end_s))
@@ -125,14 +137,30 @@ def _gantt_line(span: Span, origin: float, wall: float, end: float) -> str:
     return f"{'+' + fmt_s(start):>8}  {span.kind:<5}  {truncate(PART_NAMES.get(span.part, span.part), 16):<16}  |{bar}|  {seconds:>6}"
 
 
+CLIENT_NAMES = {"e2e": "requests (its duration less E2E)", "headers": "requests (its duration less until headers)",
+                "ttft": "first tokens (its turn_ttft less TTFT)"}
+
+
 def _totals_lines(t: Totals, s: Session) -> list[str]:
     lines = [f"Time, wall {fmt_s(t.wall_s)}, each instant counted once:",
              f"  model   {fmt_s(t.model_s):>7}  {share(t.model_s, t.wall_s):>4}   wait {fmt_s(t.wait_s)}"
              f" ({share(t.wait_s, t.wall_s)}), generating {fmt_s(t.generating_s)} ({share(t.generating_s, t.wall_s)})",
              f"  tools   {fmt_s(t.tool_s):>7}  {share(t.tool_s, t.wall_s):>4}   "
              + (", ".join(f"{truncate(n, 24)} {fmt_s(v)}" for n, v in t.tools_s.items()) or "-"),
-             f"  you     {fmt_s(t.you_s):>7}  {share(t.you_s, t.wall_s):>4}",
+             f"  agent   {fmt_s(t.agent_s):>7}  {share(t.agent_s, t.wall_s):>4}   (its own time around the tools' runs)"
+             if s.accounts != "wire" else "",
+             f"  you     {fmt_s(t.you_s):>7}  {share(t.you_s, t.wall_s):>4}" + (
+                 f"   approving {fmt_s(t.approving_s)}, reading or typing {fmt_s(t.you_s - t.approving_s)}"
+                 if s.accounts != "wire" else ""),
              f"  other   {fmt_s(t.other_s):>7}  {share(t.other_s, t.wall_s):>4}   (none of the above: overlaps ended, gaps)"]
+    lines = [line for line in lines if line]
+    if s.client_ms:
+        lines.append("The agent's own client-side time around llmtap's: " + ", ".join(
+            f"{CLIENT_NAMES[k]} {v:+,.0f}ms" for k, v in s.client_ms.items())
+            + (f"; most, {fmt_s(max(s.request_client_ms.values()) / 1000)} on one request" if s.request_client_ms else ""))
+    if any(sp.part == "request" for sp in s.spans):
+        lines.append("not at llmtap: a request the agent timed that never reached llmtap (given up, an error before"
+                     " connecting), as the agent saw it.")
     runs = sorted((sp for sp in s.spans if sp.kind == "tool" and sp.end_s is not None), key=lambda sp: -(sp.seconds or 0))
     if runs:
         lines.append("Longest tool runs: " + ", ".join(
@@ -171,7 +199,8 @@ def render_tool_runs(groups: list[dict[str, Any]], fmt: str, week: bool = False)
 
 # The HTML report's sessions panel: each part's colour (the TTFT breakdown's palette, analysis/breakdown.py).
 PART_COLORS = (("wait", "first-token wait", "#4e79a7"), ("generating", "generating", "#59a14f"),
-               ("tool", "tools", "#f28e2b"), ("you", "you", "#b07aa1"), ("other", "other", "#d0d4d8"))
+               ("tool", "tools", "#f28e2b"), ("agent", "the agent's own", "#9c755f"), ("you", "you", "#b07aa1"),
+               ("other", "other", "#d0d4d8"))
 HTML_SESSIONS = 12
 
 
@@ -188,7 +217,8 @@ def html_panel(found: list[Session]) -> str:
     rows = []
     for s in list(reversed(found))[:HTML_SESSIONS]:
         t = s.totals
-        parts = {"wait": t.wait_s, "generating": t.generating_s, "tool": t.tool_s, "you": t.you_s, "other": t.other_s}
+        parts = {"wait": t.wait_s, "generating": t.generating_s, "tool": t.tool_s, "agent": t.agent_s, "you": t.you_s,
+                 "other": t.other_s}
         wall = t.wall_s or 1.0
         segments = "".join(f'<span class="seg" style="width:{100 * parts[k] / wall:.3f}%;background:{c}" '
                            f'title="{e(label)}: {e(fmt_s(parts[k]))}"></span>' for k, label, c in PART_COLORS)
@@ -216,7 +246,7 @@ def _html_timeline(s: Session, e: Any) -> str:
     for span in s.spans:
         end = span.end_s if span.end_s is not None else s.end_s
         left, width = 100 * (span.start_s - s.start_s) / wall, max(0.2, 100 * (end - span.start_s) / wall)
-        color = colors["tool"] if span.kind == "tool" else colors.get(span.part, colors["other"])
+        color = colors.get(span.kind if span.kind in ("tool", "agent", "you") else span.part, colors["other"])
         label = span.part if span.kind != "model" else f"{span.part} {span.model or ''}".strip()
         seconds = "open" if span.end_s is None else fmt_s(span.seconds)
         rows.append(f'<tr><td class="n">+{e(fmt_s(span.start_s - s.start_s))}</td><td>{e(span.kind)}</td>'

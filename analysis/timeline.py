@@ -12,9 +12,14 @@ the tool and key, said to be inferred), ordered in time, a timeline of spans:
 - **you**: a response that asked for no tool, from its end to the next request, when nothing else
   of the session ran in between (the person reading and typing).
 
+Where the agent sent its own account (analysis/agent_account.py, docs/sessions.md), a tool span splits
+into **you** `approving` (the person's decision), **tool** (each call's own run, a group's overlap once)
+and **agent** (the CLI's own time, the rest); a request the agent timed that never reached llmtap is an
+**agent** `request` span. Without it every span is the wire's alone.
+
 Requests that overlap (Claude Code's subagents, its side requests to a small model) are counted
-once in wall-clock terms: each instant of the session goes to one part, the model before tools
-before you (`Totals`), and what none covers is `other`. A gap longer than `gap_s` (30 minutes
+once in wall-clock terms: each instant of the session goes to one part, the model before tools before
+the agent's own before you (`Totals`), and what none covers is `other`. A gap longer than `gap_s` (30 minutes
 unless told) splits a session in two; the later part's key gets `/2`, `/3`.
 """
 
@@ -39,7 +44,7 @@ WEEK = timedelta(days=7)  # the window `sessions`, `session`, `errors`' slow ses
 SLOW_FACTOR = 3.0  # a session this many times the median of its peers' TPOT or TTFT per input token is slow
 PEER_WINDOW_S = 3600.0  # its peers: the sessions on the same model within this of it
 # Each instant goes to the first of these that covers it.
-PRIORITY = ("generating", "wait", "tool", "you")
+PRIORITY = ("generating", "wait", "tool", "agent", "approving", "you")
 
 ROWS_SQL = """
 SELECT id, epoch(started_at) AS t0, coalesce(e2e_ms, 0) AS e2e_ms, ttft_ms, session_id, tool, key_fingerprint,
@@ -109,22 +114,35 @@ COLUMNS = ("id", "epoch(started_at) AS t0", "coalesce(e2e_ms, 0) AS e2e_ms", "tt
            "key_fingerprint", "request_model", "input_tokens", "output_tokens", "{cost} AS cost_usd", "tpot_ms",
            "outcome", "{project} AS project")
 # Each call of the requests in a stretch of time and when its result came (analysis/views.py's pairing).
+# With the agent's account of each (analysis/agent_account.py): its approval and run (ms), when it reported
+# the run's end, and the accounts it comes from.
 RUNS_SQL = """
-SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended FROM ({runs})
+SELECT request_id, name, epoch(answered_at) AS answered, epoch(ended_at) AS ended, approval_ms, tool_ms,
+  epoch(result_at) AS result_at, accounts FROM ({runs})
 ORDER BY request_id, position
+"""
+# The agent's API requests of the sessions shown, from the time they span: the client-side time it took
+# around a wire request's, and those that never reached llmtap (analysis/agent_account.py).
+AGENT_REQUESTS_SQL = """
+SELECT session_id, request_id, measure, client_ms, epoch(event_at) AS at, agent_ms, never_reached_llmtap
+FROM api_request_accounts WHERE event_at >= to_timestamp({low!r}) AND event_at <= to_timestamp({high!r})
+  AND (never_reached_llmtap OR client_ms IS NOT NULL)
 """
 # `report --by tool_name`: a call alone in its response counts its own run under its name; the calls of a
 # parallel group count once, as the group (`Bash+Read`: from its first block's end to its last result), and
 # under their names as `in_groups` (the wire does not say when each one of them ended).
+# With the agent's account (analysis/agent_account.py) a call counts its own run (`tool_ms`), alone or in a group,
+# and a group whose calls all have one is not counted as a group.
 TOOL_NAME_SQL = """
-WITH runs AS ({runs}),
+WITH runs AS (SELECT *, tool_ms IS NOT NULL AS own FROM ({runs})),
 groups AS (
   SELECT list(coalesce(name, '?') ORDER BY position) AS names,
     CASE WHEN count(answered_at) = count(*) THEN (epoch_us(max(answered_at)) - epoch_us(min(ended_at))) / 1000.0
     END AS run_ms
-  FROM runs WHERE calls > 1 GROUP BY request_id),
+  FROM runs WHERE calls > 1 GROUP BY request_id HAVING NOT bool_and(own)),
 timed AS (
-  SELECT name AS tool_name, CASE WHEN calls = 1 THEN run_ms END AS run_ms, calls = 1 AS timed FROM runs
+  SELECT name AS tool_name, CASE WHEN own THEN tool_ms WHEN calls = 1 THEN span_ms END AS run_ms,
+    calls = 1 OR own AS timed FROM runs
   UNION ALL SELECT array_to_string(list_filter(names, lambda x, i: list_position(names, x) = i), '+'), run_ms, true
   FROM groups)
 SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms IS NULL) AS open,
@@ -133,14 +151,17 @@ SELECT tool_name, count(run_ms) AS runs, count(*) FILTER (WHERE timed AND run_ms
   quantile_cont(run_ms, 0.99) / 1000 AS p99_s, max(run_ms) / 1000 AS max_s, coalesce(sum(run_ms), 0) / 1000 AS total_s
 FROM timed GROUP BY tool_name ORDER BY total_s DESC, tool_name
 """
-# request id -> its calls' (name, when the result came, when the call's block ended: None, the response's end)
+# request id -> its calls' (name, when the result came, when the call's block ended: None, the response's end,
+# and the agent's account: approval ms, the tool's run ms, when it reported the run, 'wire' or 'wire+agent')
 Runs = dict[str, list[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
 class Span:
-    kind: str  # "model", "tool" or "you"
-    part: str  # model: "wait" or "generating"; tool: the tools' names ("Bash+Read"); you: "you"
+    kind: str  # "model", "tool", "agent" (the agent's own time, its account) or "you"
+    # model: "wait" or "generating"; tool: the tools' names ("Bash+Read"); you: "you" or "approving" (a call,
+    # the agent's account); agent: "agent", or "request" (one it made that never reached llmtap)
+    part: str
     start_s: float  # epoch seconds (UTC)
     end_s: float | None  # None: open, a tool result that never came
     request_id: str  # the request it belongs to (model) or follows (tool, you)
@@ -160,8 +181,10 @@ class Totals:
     wait_s: float = 0.0
     generating_s: float = 0.0
     tools_s: dict[str, float] = field(default_factory=dict)  # by span name, longest first
-    you_s: float = 0.0
+    you_s: float = 0.0  # approving_s in it
     other_s: float = 0.0
+    agent_s: float = 0.0  # the agent's own time within tool spans (its account)
+    approving_s: float = 0.0  # you, approving a tool call (the agent's account)
 
     @property
     def model_s(self) -> float:
@@ -190,6 +213,11 @@ class Session:
     totals: Totals
     slow: str | None = None  # why the session is flagged slow (`flag_slow`), else None
     project: str | None = None  # the project its tool said it works in (its last request's that says one)
+
+    accounts: str = "wire"  # what it was built from: "wire", or "wire + agent" (the agent's own account too)
+    # the agent's client-side time around the wire's (ms, by `measure`: e2e, headers, ttft; and per request)
+    client_ms: dict[str, float] = field(default_factory=dict)
+    request_client_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def first_tool(self) -> str | None:
@@ -256,10 +284,13 @@ def _picked(query: Query, where: str, gap_s: float, shown_sql: str, flags: bool 
     have, total, cells, _, members = _sessions_pass(query, where, gap_s, shown_sql, flags)
     if not members:
         return total, []
-    runs = _runs(query, have, where, [row for rows in members.values() for row in rows])
+    everyone = [row for rows in members.values() for row in rows]
+    runs = _runs(query, have, where, everyone)
+    agent = _agent_requests(query, everyone)
     found = []
     for key, rows in members.items():
-        session = timeline(rows, runs)
+        mine = [*agent.get(rows[0]["session_id"] or "", ()), *(a for r in rows for a in agent.get(r["id"], ()))]
+        session = timeline(rows, runs, mine)
         session.key = key
         found.append(session)
     found_flags = _flags(cells, {s.key for s in found}) if flags else {}
@@ -309,11 +340,27 @@ def _runs(query: Query, have: set[str], where: str, rows: list[dict[str, Any]]) 
     stretch = (f"kind = 'generation' AND ({where}) AND started_at >= to_timestamp({low!r}) - INTERVAL 1 SECOND"
                f" AND started_at <= to_timestamp({high!r}) + INTERVAL 1 SECOND")
     wanted = {r["id"] for r in rows}
-    for request_id, name, answered, ended in query(RUNS_SQL.format(runs=tool_runs_sql(
-            stretch, f"to_timestamp({low!r}) - INTERVAL 1 SECOND")))[2]:
+    from analysis.agent_account import runs_with_accounts
+
+    since = f"to_timestamp({low!r}) - INTERVAL 1 SECOND"
+    for request_id, *call in query(RUNS_SQL.format(runs=runs_with_accounts(query, tool_runs_sql(stretch, since), since)))[2]:
         if request_id in wanted:
-            runs[request_id].append((name, answered, ended))
+            runs[request_id].append(tuple(call))
     return runs
+
+
+def _agent_requests(query: Query, rows: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
+    """The agent's API requests (AGENT_REQUESTS_SQL) around the time `rows` span: by the wire request they
+    were, and those that never reached llmtap by the agent's session id."""
+    from analysis.agent_account import reported
+
+    found: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    low, high = min(r["t0"] for r in rows) - 60, max(_end(r) for r in rows) + 60
+    if not reported(query, f"to_timestamp({low!r})"):
+        return found
+    for session_id, *request in query(AGENT_REQUESTS_SQL.format(low=low, high=high))[2]:
+        found[request[0] or session_id or ""].append(tuple(request))
+    return found
 
 
 def slow_sessions(query: Query, where: str = "TRUE", gap_s: float = GAP_S) -> list[dict[str, str | None]]:
@@ -341,16 +388,29 @@ def _end(row: dict[str, Any]) -> float:
     return row["t0"] + row["e2e_ms"] / 1000
 
 
-def timeline(rows: list[dict[str, Any]], runs: Runs) -> Session:
-    """One session's spans and totals, from its generations in time order and their tool calls' runs."""
+def timeline(rows: list[dict[str, Any]], runs: Runs, agent: list[tuple[Any, ...]] | None = None) -> Session:
+    """One session's spans and totals, from its generations in time order, their tool calls' runs and the
+    agent's API requests (`_agent_requests`: those that never reached llmtap are spans of their own)."""
     spans = [*_model_spans(rows), *_tool_spans(rows, runs)]
     spans += _you_spans(rows, spans, runs)
-    spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
     first = rows[0]
     start, end = first["t0"], max(_end(r) for r in rows)
+    ids = {r["id"] for r in rows}
+    agent = agent or []
+    lost = [Span("agent", "request", at - agent_ms / 1000, at, "") for _, _, _, at, agent_ms, never in agent
+            if never and start <= at <= end and agent_ms]
+    spans += lost
+    spans.sort(key=lambda s: (s.start_s, PRIORITY.index(s.part) if s.part in PRIORITY else 2))
+    mine = [(rid, measure, ms) for rid, measure, ms, *_ in agent if rid in ids and ms is not None]
+    client: dict[str, float] = defaultdict(float)
+    for _, measure, ms in mine:
+        client[measure] += ms
+    joined = lost or mine or any(c[6] == "wire+agent" for r in rows for c in runs.get(r["id"], ()) if len(c) > 6)
     return Session(
+        accounts="wire + agent" if joined else "wire", client_ms=dict(client),
+        request_client_ms={rid: ms for rid, measure, ms in mine if measure != "ttft"},
         key=_key(first), session_id=first["session_id"], inferred=not first["session_id"], tool=first["tool"],
-        start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.kind == "you" for s in spans),
+        start_s=start, end_s=end, requests=len(rows), turns=1 + sum(s.part == "you" for s in spans),
         input_tokens=_sum(r["input_tokens"] for r in rows), output_tokens=_sum(r["output_tokens"] for r in rows),
         cost_usd=_sum(r["cost_usd"] for r in rows), models=sorted({r["request_model"] for r in rows if r["request_model"]}),
         spans=spans, totals=totals(spans, start, end),
@@ -387,8 +447,42 @@ def _tool_spans(rows: list[dict[str, Any]], runs: Runs) -> Iterable[Span]:
         names = tuple(call[0] or "?" for call in calls)
         ended = [call[2] for call in calls if len(call) > 2 and call[2] is not None]
         end = None if None in answered else max(answered)
-        yield Span("tool", "+".join(dict.fromkeys(names)), min(ended, default=_end(row)), end, row["id"],
-                   row["request_model"], names)
+        yield from _split(Span("tool", "+".join(dict.fromkeys(names)), min(ended, default=_end(row)), end, row["id"],
+                               row["request_model"], names), calls)
+
+
+def _split(span: Span, calls: list[tuple[Any, ...]]) -> Iterable[Span]:
+    """A tool span by the agent's account of its calls (analysis/agent_account.py): from its start, the
+    person approving (of a group, the longest approval); the calls' runs (each from its reported end back
+    by its duration, a group's overlapping runs once); the rest the agent's own. Unchanged without one."""
+    approvals = [c[3] for c in calls if len(c) > 3 and c[3] is not None]
+    timed = [c for c in calls if len(c) > 4 and c[4] is not None]
+    if span.end_s is None or not (approvals or timed):
+        yield span
+        return
+    start, end = span.start_s, span.end_s
+    cursor = min(end, start + max(approvals, default=0.0) / 1000)
+    if cursor > start:
+        yield replace(span, kind="you", part="approving", end_s=cursor, calls=())
+    if not timed:
+        yield replace(span, start_s=cursor)
+        return
+    runs = sorted((c[5] - c[4] / 1000, c[5]) if c[5] is not None else (cursor, cursor + c[4] / 1000) for c in timed)
+    merged: list[list[float]] = []
+    for a, b in ((max(a, cursor), min(b, end)) for a, b in runs):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    for a, b in merged:
+        if a > cursor:
+            yield replace(span, kind="agent", part="agent", start_s=cursor, end_s=a, calls=())
+        yield replace(span, start_s=a, end_s=b)
+        cursor = b
+    if end > cursor:
+        yield replace(span, kind="agent", part="agent", start_s=cursor, end_s=end, calls=())
 
 
 def _you_spans(rows: list[dict[str, Any]], spans: list[Span], runs: Runs) -> list[Span]:
@@ -417,13 +511,13 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
                     key=lambda e: (e[0], e[1]))
     out = Totals(wall_s=end - start)
     tools: dict[str, float] = defaultdict(float)
-    active: dict[str, list[tuple[float, int, Span]]] = {"generating": [], "wait": [], "tool": [], "you": []}
+    active: dict[str, list[tuple[float, int, Span]]] = {part: [] for part in PRIORITY}
     entered = 0
     for a, b in zip(edges, edges[1:]):
         while entered < len(closed) and closed[entered][0] <= a:
             _, i, span = closed[entered]
             order = span.start_s if span.kind == "tool" else (span.end_s or 0.0)
-            heappush(active["tool" if span.kind == "tool" else span.part], (order, i, span))
+            heappush(active[span.kind if span.kind in ("tool", "agent") else span.part], (order, i, span))
             entered += 1
         if b <= start or a >= end:
             continue
@@ -443,8 +537,11 @@ def totals(spans: list[Span], start: float, end: float) -> Totals:
             out.wait_s += b - a
         elif top == "tool":
             tools[active["tool"][0][2].part] += b - a
+        elif top == "agent":
+            out.agent_s += b - a
         else:
             out.you_s += b - a
+            out.approving_s += (b - a) * (top == "approving")
     out.tools_s = dict(sorted(tools.items(), key=lambda kv: -kv[1]))
     return out
 
@@ -462,7 +559,9 @@ def tool_names(query: Query, where: str = "TRUE") -> list[dict[str, Any]]:
     if low is None:
         return []
     first = f"{sql_string(low)}::TIMESTAMPTZ - INTERVAL 1 MILLISECOND"
-    columns, _, data = query(TOOL_NAME_SQL.format(runs=tool_runs_sql(calls, first)))
+    from analysis.agent_account import runs_with_accounts
+
+    columns, _, data = query(TOOL_NAME_SQL.format(runs=runs_with_accounts(query, tool_runs_sql(calls, first), first)))
     return [dict(zip(columns, r)) for r in data]
 
 

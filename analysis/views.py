@@ -48,6 +48,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from analysis.agent_account import create_agent_views
 from proxy.common.prices import HOST_SQL, MODEL_SQL, SUBSCRIPTION_KINDS, cost_sql, generation as prices_generation
 from proxy.meter.request_kind import path_kind_sql
 
@@ -235,6 +236,8 @@ def create_views(con: Any) -> None:
         columns = table_columns(con, catalog)
         con.execute(views_sql(catalog, columns, "kind" in columns and kind_nulls(con, catalog),
                               priced_models(con, catalog)))
+        if {"tool_calls", "upstream_headers_ms", "session_id"} <= set(columns):  # the agent's own account, joined to the wire's (#39)
+            create_agent_views(con)
 
 
 # The (model, host) pairs found per database file: a first look reads every row; later ones read only the

@@ -10,6 +10,7 @@ one response reported without call ids (as Gemini CLI reports them): joined by n
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,14 @@ import aiohttp
 import duckdb
 import orjson
 import pytest
+from click.testing import CliRunner
 
+from analysis import timeline
 from analysis.agent_account import create_agent_views
+from analysis.source import FileSource
+from analysis.web.api import endpoint
 from analysis.views import create_views
+from proxy.cli import main
 from proxy.settings.client_key import telemetry_token
 from proxy.simulator.app import Simulator
 
@@ -188,3 +194,84 @@ async def test_claude_codes_spans_time_the_approval_and_the_run_exactly(sim: Sim
     [run] = views(tmp_path / "llmtap.duckdb", "SELECT * FROM tool_run_accounts")
     assert (run["approval_ms"], run["tool_ms"], run["decision_source"]) == (400.0, 250.0, "user_permanent")
     assert run["agent_ms"] == pytest.approx(run["span_ms"] - 650) and ended < shown
+
+
+AGENT_S = 0.15  # the agent's own work between the person's decision and the tool's start
+BASH_S, READ_S = 0.3, 0.02  # a parallel group's two runs, started together
+
+
+async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simulator, tmp_path: Path) -> None:
+    """`llmtap session`: the approval is the person's, the tool's run is the duration the agent stated,
+    the rest the agent's own; a parallel group's calls each run their own, its wall counted once; a request
+    the agent gave up on shows as it saw it; the totals still make the wall."""
+    async with RunningProxy(proxy_config(sim.url, tmp_path)) as p, aiohttp.ClientSession() as s:
+        [call], sent1, ended1 = await tool_turns(s, p.url, "Bash")
+        await asyncio.sleep(APPROVE_S)
+        decided = time.time_ns()
+        await asyncio.sleep(AGENT_S)
+        began = time.time_ns()
+        await asyncio.sleep(RUN_S)
+        ran = time.time_ns()
+        await answer(s, p.url, [call])
+        await asyncio.sleep(0.1)
+        lost = time.time_ns()  # a request that never reached llmtap: 40 ms, given up
+        await asyncio.sleep(0.1)
+        pair, _, _ = await tool_turns(s, p.url, "Bash,Read")
+        started = time.time_ns()
+        await asyncio.sleep(READ_S)
+        read = time.time_ns()
+        await asyncio.sleep(BASH_S - READ_S)
+        bashed = time.time_ns()
+        await answer(s, p.url, pair)
+        ms = lambda a, b: (b - a) // 1_000_000  # noqa: E731
+        await export(s, p.url, [
+            event("claude_code.api_request", ended1 + 5_000_000, duration_ms=ms(sent1, ended1) + 5),
+            event("claude_code.tool_decision", decided, tool_use_id=call["id"], tool_name="Bash", decision="accept",
+                  source="user_temporary"),
+            event("claude_code.tool_result", ran, tool_use_id=call["id"], tool_name="Bash", duration_ms=ms(began, ran)),
+            event("claude_code.api_error", lost + 40_000_000, duration_ms=40, attempt=1, status_code=503),
+            *(event("claude_code.tool_decision", started, tool_use_id=c["id"], tool_name=c["name"], decision="accept",
+                    source="config") for c in pair),
+            event("claude_code.tool_result", read, tool_use_id=pair[1]["id"], tool_name="Read", duration_ms=ms(started, read)),
+            event("claude_code.tool_result", bashed, tool_use_id=pair[0]["id"], tool_name="Bash",
+                  duration_ms=ms(started, bashed))])
+        assert p.flush(10)
+    db = tmp_path / "llmtap.duckdb"
+    source = FileSource(duckdb.connect(str(db), read_only=True))
+    try:
+        [session] = timeline.matching(source.query, SESSION)
+        by_tool = {g["tool_name"]: g for g in timeline.tool_names(source.query)}
+        page = endpoint(f"request/{session.spans[0].request_id}")
+        assert page is not None
+        status, body = page(source.query, {})
+    finally:
+        source.close()
+    assert session.accounts == "wire + agent"
+    first = [sp for sp in session.spans if sp.request_id == session.spans[0].request_id and sp.kind != "model"]
+    assert [(sp.kind, sp.part) for sp in first] == [("you", "approving"), ("agent", "agent"), ("tool", "Bash"),
+                                                   ("agent", "agent")]
+    approving, before, bash, after = first
+    assert approving.seconds == pytest.approx(APPROVE_S, abs=0.03)  # from the block's end to the decision
+    assert bash.seconds == pytest.approx(ms(began, ran) / 1000, abs=1e-6) and bash.end_s == pytest.approx(ran / 1e9)
+    assert before.seconds == pytest.approx(AGENT_S, abs=0.03) and after.seconds < 0.03
+    [group] = [sp for sp in session.spans if sp.kind == "tool" and sp.part == "Bash+Read"]
+    assert group.seconds == pytest.approx(ms(started, bashed) / 1000, abs=1e-3)  # the group's wall once (ms)
+    [request] = [sp for sp in session.spans if sp.part == "request"]
+    assert request.kind == "agent" and request.seconds == pytest.approx(0.04)
+    t = session.totals
+    assert t.model_s + t.tool_s + t.agent_s + t.you_s + t.other_s == pytest.approx(t.wall_s, abs=1e-6)
+    assert t.approving_s == pytest.approx(approving.seconds, abs=0.01)  # less the response's tail after the block
+    assert t.tools_s["Bash"] == pytest.approx(bash.seconds, abs=1e-6)
+    assert session.client_ms["e2e"] == pytest.approx(5, abs=30)
+    # each call its own run: Bash twice (250 ms, 300 ms), Read once (20 ms); the group not as one
+    assert (by_tool["Bash"]["runs"], by_tool["Read"]["runs"], by_tool["Bash"]["in_groups"]) == (2, 1, 0)
+    assert by_tool["Read"]["total_s"] == pytest.approx(ms(started, read) / 1000) and "Bash+Read" not in by_tool
+    shown = CliRunner().invoke(main, ["session", SESSION, "--db", str(db)]).output
+    assert "accounts: wire + agent" in shown and "approving" in shown and "agent  not at llmtap" in shown, shown
+    assert "The agent's own client-side time" in shown, shown
+    listed = CliRunner().invoke(main, ["sessions", "--db", str(db)]).output
+    assert re.search(r"tools \(top 3\) +agent +you", listed) and f"{SESSION[:13]}… +" in listed and "+ wire + agent: built from the agent's own account too" in listed, listed
+    # the web UI's request page: the agent's account of the request that asked for Bash
+    [account] = orjson.loads(body)["agent"]
+    assert status == 200 and (account["measure"], account["agent_ms"]) == ("e2e", ms(sent1, ended1) + 5)
+    assert account["client_ms"] == pytest.approx(account["agent_ms"] - account["wire_ms"])

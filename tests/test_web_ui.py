@@ -378,8 +378,8 @@ async def test_a_sessions_spans_are_the_clis(world: World) -> None:
     await world.page(f"#/session/{SESSION}", "!!document.querySelector('#gantt')")
     spans = await world.browser.evaluate(
         "[...document.querySelectorAll('tr.span')].map(tr => [...tr.children].map(td => td.dataset.value))")
-    assert [[float(a), kind, part, None if s == "" else float(s), rid] for a, kind, part, s, rid in spans] == \
-        [[sp["start_s"], sp["kind"], sp["part"], sp["seconds"], sp["request_id"]] for sp in expected["spans"]]
+    assert [[float(a), kind, part, None if s == "" else float(s), rid, acc] for a, kind, part, s, rid, acc in spans] == \
+        [[sp["start_s"], sp["kind"], sp["part"], sp["seconds"], sp["request_id"], sp["account"]] for sp in expected["spans"]]
     listed = await cli(world, "sessions")
     await world.page("#/sessions", "document.querySelectorAll('tr[data-session]').length > 0")
     walls = await world.browser.evaluate(

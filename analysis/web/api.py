@@ -188,7 +188,22 @@ def request(query: Query, params: Params, rest: str) -> Answer:
         "ratelimits": {k: v for k, v in row.items() if k.startswith(RATELIMIT_PREFIX) and v is not None},
         "diagnosis": diagnosis(query, row),
         "bodies": bodies(query, row["id"]),
+        "agent": agent_account(query, row),
     })
+
+
+def agent_account(query: Query, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The agent's own account of this request (analysis/agent_account.py): its time for it against llmtap's,
+    the difference its client-side time; none where the agent sent no telemetry (or the views are absent)."""
+    if row.get("started_at") is None or not row.get("kind") == "generation":
+        return []
+    at = f"{sql_string(str(row['started_at']))}::TIMESTAMPTZ"
+    try:
+        return rows_of(query, "SELECT agent, event_name, measure, agent_ms, wire_ms, client_ms FROM api_request_accounts"
+                              f" WHERE event_at BETWEEN {at} AND {at} + INTERVAL 1 HOUR"
+                              f" AND request_id = {sql_string(row['id'])}")
+    except Exception:  # noqa: BLE001  (a source without the agent views)
+        return []
 
 
 def report(query: Query, params: Params, rest: str) -> Answer:

@@ -443,6 +443,10 @@
         h("p", { "class": "muted" }, "From the arrival at the proxy (0) to the end (" + ms(r.e2e_ms) +
           "); the parts are the row's columns (docs/columns.md). Where the upstream stated its time, the wait it" +
           " accounts for is its stated time and the rest is the path (network, gateways)."));
+      (d.agent || []).forEach(function (a) {  // the agent's own account of it (docs/sessions.md)
+        sections.push(h("p", { "class": "agent-account" }, "The agent's account (" + a.agent + ", " + a.event_name + "): " +
+          ms(a.agent_ms) + " against llmtap's " + ms(a.wire_ms) + " (" + a.measure + "): its own client-side time " + ms(a.client_ms) + "."));
+      });
       sections.push(h("h2", null, "Chunk timeline"));
       if (d.chunks.length) {
         var gaps = d.chunks.slice(1).map(function (c, i) { return { at: d.chunks[i].offset_ms, gap: c.offset_ms - d.chunks[i].offset_ms, seq: c.seq }; })
@@ -538,7 +542,8 @@
   // A session's time in its parts, each instant once (the totals of `llmtap sessions`): the model
   // (waiting for its first token, generating), tools, you, other.
   var PARTS = [["wait", "wait_s", "model: wait"], ["generating", "generating_s", "model: generating"],
-               ["tool", "tool_s", "tools"], ["you", "you_s", "you"], ["other", "other_s", "other"]];
+               ["tool", "tool_s", "tools"], ["agent", "agent_s", "the agent's own"], ["you", "you_s", "you"],
+               ["other", "other_s", "other"]];
 
   function legend(extra) {
     return h("div", { "class": "legend" }, PARTS.map(function (p) { return h("span", null, h("i", { "class": p[0] }), p[2]); }), extra || null);
@@ -605,7 +610,7 @@
     s.spans.forEach(function (sp) {
       var turn = turns[turns.length - 1];
       turn.spans.push(sp);
-      if (sp.kind === "you") turns.push({ spans: [], side: [] });
+      if (sp.part === "you") turns.push({ spans: [], side: [] });  // an approval is no new turn
     });
     if (!turns[turns.length - 1].spans.length) turns.pop();
     (s.side || []).forEach(function (r) {
@@ -616,7 +621,7 @@
     return turns;
   }
 
-  function spanLabel(sp) { return sp.kind === "you" ? "you" : sp.kind + ": " + sp.part; }
+  function spanLabel(sp) { return sp.part === sp.kind ? sp.kind : sp.kind + ": " + sp.part; }
 
   // Ticks at a round step (1, 2 or 5 of a power of ten) under the Gantt chart, in the track's column.
   function axis(wall) {
@@ -643,7 +648,7 @@
         add(gantt, rows(turn.spans.map(function (sp) {
           return { label: spanLabel(sp), start: sp.start_s, size: sp.seconds == null ? s.wall_s - sp.start_s : sp.seconds, value: sp.seconds,
                    text: "+" + secs(sp.start_s) + " · " + secs(sp.seconds), span: sp };
-        }), wall, function (it) { return it.span.kind === "model" ? it.span.part : it.span.kind + (it.span.open ? " open" : ""); }));
+        }), wall, function (it) { return it.span.kind === "model" || it.span.part === "approving" ? it.span.part : it.span.kind + (it.span.open ? " open" : ""); }));
         if (turn.side.length) {
           var inner = h("div", { "class": "bars" }, rows(turn.side.map(function (r) {
             var size = (r.e2e_ms || 0) / 1000;
@@ -656,20 +661,23 @@
       add(gantt, axis(wall));
       show(h("h1", null, "Session " + s.session + (s.inferred ? " (inferred)" : "")),
         h("p", { "class": "muted", id: "session-head" }, [s.tool || "unknown tool", s.project, when(s.start) + " UTC", plural(s.requests, "request"),
-          plural(s.turns, "turn"), s.models.join(", ") || "no model named"].filter(Boolean).join(" · ")),
+          plural(s.turns, "turn"), s.models.join(", ") || "no model named", "accounts: " + (s.accounts || "wire")].filter(Boolean).join(" · ")),
         h("div", { "class": "kpis" }, kpi("wall", secs(s.wall_s)), kpi("model", secs(t.model_s) + " · " + pct(t.model_s, s.wall_s)),
           kpi("model: wait (to first token)", secs(t.wait_s)), kpi("model: generating", secs(t.generating_s)),
           kpi("tools", secs(t.tool_s) + " · " + pct(t.tool_s, s.wall_s)), kpi("you", secs(t.you_s) + " · " + pct(t.you_s, s.wall_s)),
+          s.accounts === "wire + agent" ? kpi("agent", secs(t.agent_s) + " · approving " + secs(t.approving_s)) : null,
           kpi("other", secs(t.other_s) + " · " + pct(t.other_s, s.wall_s))),
         s.slow ? h("p", { "class": "error" }, "Slow: " + s.slow) : null,
-        legend(s.side && s.side.length ? h("span", null, h("i", { "class": "side" }), "side request") : null),
+        legend([s.accounts === "wire + agent" ? h("span", null, h("i", { "class": "approving" }), "you: approving") : null,
+                s.side && s.side.length ? h("span", null, h("i", { "class": "side" }), "side request") : null]),
         gantt,
         h("h2", null, "Tools"), table(["tool", "time", "share"], Object.keys(t.tools_s).map(function (k) {
           return h("tr", null, cell(k, k, "text"), cell(t.tools_s[k], secs(t.tools_s[k]), "num"), cell(null, pct(t.tools_s[k], s.wall_s), "num"));
         }), { label: "Tools" }),
-        h("h2", null, "Spans"), table(["at", "kind", "part", "seconds", "request"], s.spans.map(function (sp) {
+        h("h2", null, "Spans"), table(["at", "kind", "part", "seconds", "request", "account"], s.spans.map(function (sp) {
           return h("tr", { "class": "span" }, cell(sp.start_s, "+" + secs(sp.start_s), "num"), cell(sp.kind, sp.kind), cell(sp.part, sp.part, "text"),
-            cell(sp.seconds, secs(sp.seconds), "num"), h("td", { "data-value": sp.request_id }, link("#/request/" + encodeURIComponent(sp.request_id), short(sp.request_id))));
+            cell(sp.seconds, secs(sp.seconds), "num"), h("td", { "data-value": sp.request_id }, sp.request_id ? link("#/request/" + encodeURIComponent(sp.request_id), short(sp.request_id)) : "–"),
+            cell(sp.account, sp.account || "wire"));
         }), { label: "Spans" }));
     }).catch(failed);
   }
