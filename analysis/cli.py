@@ -537,7 +537,7 @@ def demo(db_path: Path | None, port: int) -> None:
     probe, a models list, Codex's WebSocket prewarm and turn), then prints
     the report.
     """
-    from proxy.serve.server import run
+    from proxy.common.event_loop import run
 
     try:
         from analysis.demo import run_demo
