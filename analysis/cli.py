@@ -198,7 +198,7 @@ def _read_query(query: str | None, file: Path | None) -> str:
             raise click.UsageError("give QUERY or --file, not both")
         return file.read_text()
     if query is None or query == "-":
-        stdin = click.get_text_stream("stdin")  # type: ignore[operator]  # click 8.2+: a deprecated module attribute
+        stdin = sys.stdin  # click.get_text_stream is deprecated (Click 9 removes it); CliRunner swaps sys.stdin
         if stdin.isatty():
             raise click.UsageError("give a QUERY, --file F, or a query on stdin")
         return stdin.read()

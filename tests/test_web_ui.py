@@ -102,8 +102,10 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     await site.start()
     bad_url = f"http://127.0.0.1:{bad_runner.addresses[0][1]}"
     attacker = web.Application()
-    attacker.router.add_get("/", lambda r: web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>",
-                                                        content_type="text/html"))
+    async def elsewhere(_: web.Request) -> web.Response:
+        return web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>", content_type="text/html")
+
+    attacker.router.add_get("/", elsewhere)
     attacker_runner = web.AppRunner(attacker, access_log=None)
     await attacker_runner.setup()
     await web.TCPSite(attacker_runner, "127.0.0.1", 0).start()

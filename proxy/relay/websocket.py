@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from proxy.relay.errors import error_response
-from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
+from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter, through_proxy
 from proxy.meter.meter import Meter
 from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
@@ -86,7 +86,7 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
     try:
         upstream = await state.session.ws_connect(url, headers=headers, protocols=_protocols(request),
                                                   autoping=True, max_msg_size=0, compress=0,
-                                                  proxy=route.proxy, proxy_auth=route.proxy_auth)
+                                                  proxy=route.proxy, proxy_headers=through_proxy(route, url, headers))
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
             status, code, message = proxy_refused(route, 407)
