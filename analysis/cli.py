@@ -548,7 +548,12 @@ def demo(db_path: Path | None, port: int) -> None:
         db_path = paths.data_dir() / DEMO_DB
         for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
             stale.unlink(missing_ok=True)
-    sent = run(lambda: run_demo(db_path, port=port))
+    from proxy.record.store import StoreError
+
+    try:
+        sent = run(lambda: run_demo(db_path, port=port))
+    except StoreError as exc:  # a database it may not write (a directory others can write): said, not a traceback
+        raise click.ClickException(str(exc)) from None
     with opened(db_path) as source:
         built = report_mod.build_report(source, "model", Filters(kinds=("generation",)))
         echo(report_mod.to_table(built))
