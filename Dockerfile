@@ -3,10 +3,12 @@ FROM python:3.11-slim
 RUN useradd --create-home --uid 10001 llmtap && mkdir /data && chown llmtap /data
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY requirements/lock.txt ./requirements/
 COPY proxy ./proxy
 COPY analysis ./analysis
-# the otel and s3 extras: OpenTelemetry export is one setting away, `llmtap export --out s3://...` works
-RUN pip install --no-cache-dir ".[otel,s3]"
+# the otel and s3 extras: OpenTelemetry export is one setting away, `llmtap export --out s3://...` works;
+# at the releases the suite ran on (requirements/lock.txt), so an image built later gets the same
+RUN pip install --no-cache-dir -c requirements/lock.txt ".[otel,s3]"
 USER llmtap
 ENV LLMTAP_HOME=/data
 VOLUME /data

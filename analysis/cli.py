@@ -206,7 +206,7 @@ def _read_query(query: str | None, file: Path | None) -> str:
             raise click.UsageError("give QUERY or --file, not both")
         return file.read_text()
     if query is None or query == "-":
-        stdin = click.get_text_stream("stdin")  # type: ignore[operator]  # click 8.2+: a deprecated module attribute
+        stdin = sys.stdin  # click.get_text_stream is deprecated (Click 9 removes it); CliRunner swaps sys.stdin
         if stdin.isatty():
             raise click.UsageError("give a QUERY, --file F, or a query on stdin")
         return stdin.read()
@@ -546,7 +546,7 @@ def demo(db_path: Path | None, port: int) -> None:
     probe, a models list, Codex's WebSocket prewarm and turn), then prints
     the report.
     """
-    from proxy.serve.server import run
+    from proxy.common.event_loop import run
 
     try:
         from analysis.demo import run_demo
@@ -557,7 +557,12 @@ def demo(db_path: Path | None, port: int) -> None:
         db_path = paths.data_dir() / DEMO_DB
         for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
             stale.unlink(missing_ok=True)
-    sent = run(lambda: run_demo(db_path, port=port))
+    from proxy.record.store import StoreError
+
+    try:
+        sent = run(lambda: run_demo(db_path, port=port))
+    except StoreError as exc:  # a database it may not write (a directory others can write): said, not a traceback
+        raise click.ClickException(str(exc)) from None
     with opened(db_path) as source:
         built = report_mod.build_report(source, "model", Filters(kinds=("generation",)))
         echo(report_mod.to_table(built))

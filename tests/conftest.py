@@ -29,20 +29,41 @@ if os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1" and "faketime" in os.en
 # (docs/development.md); the modules whose tests need no serve process, no browser, no load.
 UNIT = {"test_sse", "test_dialects", "test_dialect_quick", "test_meter_events", "test_metering", "test_request_info",
         "test_request_kind", "test_ratelimits", "test_clients", "test_recorder", "test_store", "test_migrations",
-        "test_prices", "test_layers"}
+        "test_prices", "test_layers", "test_lock"}
+
+
+# `pytest -m quick -n 2`: the unit set and the relay's tests that run the proxy in the test's own process
+# (no serve subprocess, no browser, no npm), a contributor's loop before pushing
+QUICK = UNIT | {"test_relay", "test_body_pipe", "test_arrival", "test_breakdown", "test_faults_upstream",
+                "test_faults_client", "test_fast_paths"}
+MARKED = {"unit": UNIT, "quick": QUICK}
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """With `-m unit`, the other modules are not even imported (their SDKs and fixtures take seconds)."""
-    if config.getoption("markexpr", "") == "unit" and collection_path.suffix == ".py":
-        return collection_path.stem.startswith("test_") and collection_path.stem not in UNIT or None
+    """With `-m unit` or `-m quick`, the other modules are not even imported (their SDKs take seconds)."""
+    wanted = MARKED.get(config.getoption("markexpr", ""))
+    if wanted is not None and collection_path.suffix == ".py":
+        return collection_path.stem.startswith("test_") and collection_path.stem not in wanted or None
     return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in UNIT:
-            item.add_marker(pytest.mark.unit)
+        stem = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
+        for marker, modules in MARKED.items():
+            if stem in modules:
+                item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def worker_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A data directory and no user config for this test process (a pytest-xdist worker) as a whole, so
+    that a module-scoped proxy, started before llmtap_home, never shares the user's or another worker's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMTAP_HOME", str(tmp_path_factory.mktemp("worker-home")))
+        patch.setenv("LLMTAP_CONFIG", str(tmp_path_factory.getbasetemp() / "no-config.toml"))
+        patch.delenv("LLMTAP_DB", raising=False)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -107,3 +107,16 @@ def test_demo_port_try_next_with_db_then_status_and_show_after_serve(tmp_path: P
     assert CliRunner().invoke(main, ["show", "--db", str(db), slowest]).exit_code == 0
     missing = CliRunner().invoke(main, ["show", "ffffffff"])
     assert missing.exit_code == 1 and "demo" not in missing.output
+
+
+def test_demo_into_a_directory_others_can_write_says_why_without_a_traceback(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp is: the old README's `demo --db /tmp/readme-demo.duckdb`
+    result = CliRunner().invoke(main, ["demo", "--db", str(shared / "demo.duckdb"), "--port", "0"])
+    assert result.exit_code == 1 and result.exception is not None and isinstance(result.exception, SystemExit)
+    assert "refusing to write to the database" in result.output and "chmod go-w" in result.output

@@ -339,8 +339,10 @@ async def test_a_page_in_a_real_browser_cannot_spend_the_key(tmp_path: Path, mon
     async with ScriptedUpstream(Script(chunks=[b"{}"])) as up:
         async with RunningProxy(proxy_config(up.url, tmp_path, upstream_key_env="REAL_KEY")) as p:
             page = web.Application()
-            page.router.add_get("/", lambda _: web.Response(
-                text=EVIL_PAGE.replace("PROXY", repr(p.url)), content_type="text/html"))
+            async def evil(_: web.Request) -> web.Response:
+                return web.Response(text=EVIL_PAGE.replace("PROXY", repr(p.url)), content_type="text/html")
+
+            page.router.add_get("/", evil)
             runner = web.AppRunner(page)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -101,9 +101,9 @@ def test_route_table_puts_the_proxy_on_each_route(monkeypatch: pytest.MonkeyPatc
                          route_proxy={"/direct": "none", "other": "http://other.corp:8080"})
     by_prefix = {r.prefix: r for r in config.route_table().routes}
     assert str(by_prefix[""].proxy) == "http://proxy.corp:3128"
-    assert (by_prefix[""].proxy_auth.login, by_prefix[""].proxy_auth.password) == ("me", SECRET)
+    assert by_prefix[""].proxy_headers == {"Proxy-Authorization": aiohttp.encode_basic_auth("me", SECRET)}
     assert by_prefix["/local"].proxy is None and by_prefix["/direct"].proxy is None
-    assert str(by_prefix["/other"].proxy) == "http://other.corp:8080" and by_prefix["/other"].proxy_auth is None
+    assert str(by_prefix["/other"].proxy) == "http://other.corp:8080" and by_prefix["/other"].proxy_headers is None
     assert SECRET not in repr(by_prefix[""])
     banner = routes_banner(AppState(config=config, routes=config.route_table()), "http://127.0.0.1:8787")
     assert ("  http://127.0.0.1:8787  ->  https://api.openai.com  (through the forward proxy proxy.corp:3128)"

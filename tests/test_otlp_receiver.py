@@ -99,10 +99,14 @@ async def receiver() -> AsyncIterator[Receiver]:
         return web.Response(body=answer().SerializeToString(), content_type="application/x-protobuf")
 
     app = web.Application()
-    app.router.add_post("/v1/traces", lambda r: accept(r, ExportTraceServiceRequest, ExportTraceServiceResponse,
-                                                       found.traces))
-    app.router.add_post("/v1/metrics", lambda r: accept(r, ExportMetricsServiceRequest,
-                                                        ExportMetricsServiceResponse, found.metrics))
+    async def traces(request: web.Request) -> web.Response:  # aiohttp deprecates a plain function as a handler
+        return await accept(request, ExportTraceServiceRequest, ExportTraceServiceResponse, found.traces)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return await accept(request, ExportMetricsServiceRequest, ExportMetricsServiceResponse, found.metrics)
+
+    app.router.add_post("/v1/traces", traces)
+    app.router.add_post("/v1/metrics", metrics)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -136,3 +136,34 @@ def test_prices_says_what_was_matched_and_the_price_used() -> None:
 def test_prices_are_not_fetched_unless_asked() -> None:
     assert prices._updater is None  # the package's network update is opt-in
     assert not prices._snapshot().from_auto_update
+
+
+# What the other tests take from genai-prices: the fixture's models (tests/analysis_fixture.py) at its
+# dates, whose costs tests/test_report.py's golden text shows, and the names tests use as never priced.
+# The lock (requirements/lock.txt) pins the package; a bump that changes any of these fails here first,
+# by name: update this table, then the golden text the new figures move.
+FIXTURE_PRICES: dict[tuple[str, str], dict[str, Any] | None] = {
+    ("claude-haiku-4-5-20251001", "api.anthropic.com"): {
+        "input": (1.0, ()), "cache_read": (0.1, ()), "cache_write": (1.25, ()), "output": (5.0, ())},
+    ("claude-opus-4-1", "api.anthropic.com"): {
+        "input": (15.0, ()), "cache_read": (1.5, ()), "cache_write": (18.75, ()), "output": (75.0, ())},
+    ("claude-sonnet-4-5-20250929", "api.anthropic.com"): {
+        "input": (3.0, ((200000, 6.0),)), "cache_read": (0.3, ((200000, 0.6),)),
+        "cache_write": (3.75, ((200000, 7.5),)), "output": (15.0, ((200000, 22.5),))},
+    ("gpt-4.1-mini-2025-04-14", "api.openai.com"): {"input": (0.4, ()), "cache_read": (0.1, ()), "output": (1.6, ())},
+    ("gpt-5-2025-08-07", "api.openai.com"): {"input": (1.25, ()), "cache_read": (0.125, ()), "output": (10.0, ())},
+    ("gpt-5o", "api.openai.com"): None,
+    ("qwen3-coder-30b", "llm.internal"): None,
+    ("gpt-x", "127.0.0.1"): None,  # the simulator's models in tests/test_run.py and others
+    ("claude-x", "127.0.0.1"): None,
+    ("sim-unknown-model", "127.0.0.1"): None,
+}
+
+
+def test_genai_prices_release_prices_what_the_tests_assume() -> None:
+    from .analysis_fixture import DAY0
+
+    found = {key: (priced.segment_at(DAY0).prices if (priced := prices.lookup(*key)) else None)
+             for key in FIXTURE_PRICES}
+    changed = {key: found[key] for key in FIXTURE_PRICES if found[key] != FIXTURE_PRICES[key]}
+    assert not changed, f"{prices.source()} prices these differently from the release last tested: {changed}"

@@ -20,6 +20,7 @@ from analysis.source import open_source
 from analysis.timewindow import WindowError, parse_time
 from .analysis_fixture import build_fixture_db, fixture_rows
 from proxy.cli import main
+from proxy.common import prices
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,9 @@ df2feb00  gpt-5              codex        2.4s   14.5s  ok
 36aaec97  gpt-5              codex        2.1s   12.5s  ok
 
 Percentiles: successful requests only (TTFT: streams). Slowest: any outcome.
-Cost: list prices from genai-prices 0.2.3.
+Cost: list prices from SOURCE.
   3 of unknown models have no cost (see `llmtap prices MODEL`).
-"""
+""".replace("SOURCE", prices.source())  # the package's version (test_prices.py holds its figures)
 
 
 def test_report_by_model_is_the_default(db: Path) -> None:
@@ -152,9 +153,9 @@ b560f46d  qwen3-coder-30b  cline  380ms  2.6s  ok
 2d0a6212  qwen3-coder-30b  cline      -  35ms  upstream_unreachable
 
 Percentiles: successful requests only (TTFT: streams). Slowest: any outcome.
-Cost: list prices from genai-prices 0.2.3.
+Cost: list prices from SOURCE.
   3 of unknown models have no cost (see `llmtap prices MODEL`).
-"""
+""".replace("SOURCE", prices.source())
 
 
 def test_report_json(db: Path) -> None:

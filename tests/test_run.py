@@ -104,7 +104,7 @@ async def test_run_summarizes_errors(sim: Simulator, tmp_path: Path) -> None:
 
 
 async def test_run_prints_an_unknown_models_cost_as_unknown(sim: Simulator, tmp_path: Path) -> None:
-    one = SDK_CALLS.replace('model="gpt-x"', 'model="gpt-6.2-sol"').split("a = anthropic")[0]  # Codex 0.171's
+    one = SDK_CALLS.split("a = anthropic")[0]  # gpt-x: never priced (test_prices.py holds that)
     both = SDK_CALLS.replace('model="gpt-x"', 'model="gpt-4.1-mini"')  # a priced model beside claude-x
     code, out, err = await llmtap("run", "--upstream", sim.url, "--db", str(tmp_path / "one.duckdb"), "--port", "0",
                                   "--tag", "new", "--", sys.executable, "-c", one, env=clean_env(tmp_path))

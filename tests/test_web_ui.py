@@ -130,8 +130,10 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
         return web.Response(text="caught")
 
     attacker = web.Application()
-    attacker.router.add_get("/", lambda r: web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>",
-                                                        content_type="text/html"))
+    async def elsewhere(_: web.Request) -> web.Response:
+        return web.Response(text="<!doctype html><title>elsewhere</title><p>a page elsewhere</p>", content_type="text/html")
+
+    attacker.router.add_get("/", elsewhere)
     attacker.router.add_route("*", "/_llmtap/{tail:.*}", catch)
     attacker_runner = web.AppRunner(attacker, access_log=None)
     await attacker_runner.setup()

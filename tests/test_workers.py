@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import duckdb
+import pytest
 
 from proxy.common import paths, instances as running
 from .state_files import state_of
@@ -351,7 +352,21 @@ async def test_rows_a_worker_finishes_after_its_primary_is_killed_are_written_on
 
 
 async def test_private_sockets_killed_primaries_left_are_removed_at_start_and_nothing_else(
-        sim: Simulator, tmp_path: Path) -> None:
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import tempfile
+
+    # a home short enough for the socket to be in its run directory (under pytest-xdist, tmp_path is 10
+    # characters longer, and a path past workers.SOCKET_PATH_MAX goes to a directory of its own)
+    home = tempfile.mkdtemp(prefix="llmtap-")
+    monkeypatch.setenv("LLMTAP_HOME", home)
+    try:
+        await _private_sockets(sim, tmp_path)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+async def _private_sockets(sim: Simulator, tmp_path: Path) -> None:
     import socket
 
     db = tmp_path / "sockets.duckdb"

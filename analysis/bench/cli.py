@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from proxy.serve.server import run as run_loop
+from proxy.common.event_loop import run as run_loop
 from proxy.record.store import StoreError
 from proxy.common.terminal_text import echo
 

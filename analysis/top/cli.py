@@ -45,7 +45,7 @@ def top(url: str | None, admin_token: str | None, interval: float, window_s: flo
     if kinds and all_kinds:
         raise click.UsageError("give --kind or --all, not both")
     chosen = () if all_kinds else kinds or ("generation",)
-    from proxy.serve.server import run
+    from proxy.common.event_loop import run
 
     from analysis.top import run as runner
 

@@ -79,6 +79,16 @@ def outgoing_headers(request: web.Request, route: Route, path: str) -> CIMultiDi
     return headers
 
 
+def through_proxy(route: Route, url: URL, headers: CIMultiDict[str]) -> dict[str, str] | None:
+    """The forward proxy's credentials: the `proxy_headers` of its CONNECT for a TLS upstream; for a
+    plain one, aiohttp sends the request itself to the proxy and ignores `proxy_headers`, so they go in
+    the request's own headers (as aiohttp's deprecated `proxy_auth` put them)."""
+    if route.proxy_headers is None or url.scheme in ("https", "wss"):
+        return route.proxy_headers
+    headers.update(route.proxy_headers)
+    return None
+
+
 async def open_request(state: AppState, request: web.Request, url: URL, body: bytes, meter: Meter | None,
                        path: str, route: Route) -> aiohttp.ClientResponse:
     """The upstream's response (its status and headers read), or `Finish` when none came: the
@@ -91,7 +101,7 @@ async def open_request(state: AppState, request: web.Request, url: URL, body: by
         response = await state.session.request(
             request.method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=SKIP_AUTO_HEADERS,
-            proxy=route.proxy, proxy_auth=route.proxy_auth,
+            proxy=route.proxy, proxy_headers=through_proxy(route, url, headers),
         )
     except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
         raise _unreachable(exc, route, path, meter) from None

@@ -27,7 +27,7 @@ from aiohttp.http import WSMessageNoDecodeText
 from proxy.relay.body_budget import Lease, OverBudget
 from proxy.relay.errors import error_response
 from proxy.relay.key_mask import mask_of
-from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter
+from proxy.relay.upstream import outgoing_headers, proxy_failure, proxy_refused, start_meter, through_proxy
 from proxy.meter.meter import Meter
 from proxy.relay.app_state import STATE, AppState
 from proxy.settings.routes import Route
@@ -108,7 +108,7 @@ async def relay(request: web.Request, route: Route, path: str, query: str, recei
         upstream = await state.session.ws_connect(url, headers=headers, protocols=_protocols(request),
                                                   autoping=True, max_msg_size=state.config.max_body_bytes,
                                                   compress=0, decode_text=False,
-                                                  proxy=route.proxy, proxy_auth=route.proxy_auth)
+                                                  proxy=route.proxy, proxy_headers=through_proxy(route, url, headers))
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 407 and route.proxy is not None:  # the forward proxy's answer, not the upstream's
             status, code, message = proxy_refused(route, 407)

@@ -314,12 +314,3 @@ def raise_open_files(want: int = 65_536) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             pass
-
-
-def run(coro_fn: Callable[[], Any]) -> Any:
-    """Run a coroutine on uvloop where the platform has it."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover
-        return asyncio.run(coro_fn())
-    return uvloop.run(coro_fn())

@@ -66,7 +66,8 @@ from proxy.common import latency
 from proxy.serve import spill
 from proxy.record.recorder import Finished
 from proxy.serve.row_channel import Channel
-from proxy.serve.server import RunningProxy, run, tune_runtime
+from proxy.common.event_loop import run
+from proxy.serve.server import RunningProxy, tune_runtime
 from proxy.common.terminal_text import stderr_line
 
 SHIP_DELAY_S = latency.SHIP_DELAY_S  # the longest a finished request waits in a worker before it is sent

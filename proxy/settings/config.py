@@ -161,7 +161,7 @@ class ServeConfig:
             raise ConfigError(str(exc)) from None
         if found is None:
             return route
-        return replace(route, proxy=URL(found.url), proxy_auth=egress.aiohttp_auth(found))
+        return replace(route, proxy=URL(found.url), proxy_headers=egress.proxy_headers(found))
 
 
 _FIELDS = {f.name for f in fields(ServeConfig)}

@@ -217,10 +217,11 @@ def _load_extra(context: ssl.SSLContext, ca_bundle: str | None, env: Mapping[str
                               + (f"fix it, or unset {source}" if source.isupper() else f"fix it, or give another {source}")) from None
 
 
-def aiohttp_auth(found: ForwardProxy) -> object | None:
-    """The proxy's credentials as the `proxy_auth` aiohttp sends (Proxy-Authorization), None without."""
+def proxy_headers(found: ForwardProxy) -> dict[str, str] | None:
+    """The proxy's credentials as the `proxy_headers` aiohttp sends it (Proxy-Authorization), None without
+    (aiohttp 3.14 deprecates `proxy_auth` and `BasicAuth`)."""
     if found.user is None:
         return None
     import aiohttp
 
-    return aiohttp.BasicAuth(found.user, found.password or "", encoding="latin1")
+    return {"Proxy-Authorization": aiohttp.encode_basic_auth(found.user, found.password or "", encoding="latin1")}

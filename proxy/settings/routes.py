@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from yarl import URL
 
@@ -19,9 +18,9 @@ class Route:
     # The upstream key llmtap puts in place of the client's (opt-in); never printed or stored.
     credential: str | None = field(default=None, repr=False, compare=False)
     # The forward proxy to reach the upstream through (proxy/settings/egress.py), decided once at start:
-    # its URL without credentials, and an aiohttp.BasicAuth of them; None: direct.
+    # its URL without credentials, and the Proxy-Authorization header of them; None: direct.
     proxy: URL | None = field(default=None, compare=False)
-    proxy_auth: Any = field(default=None, repr=False, compare=False)
+    proxy_headers: dict[str, str] | None = field(default=None, repr=False, compare=False)
     base: str = field(init=False, repr=False, compare=False)  # str(upstream) without its trailing "/"
 
     def __post_init__(self) -> None:
