@@ -124,7 +124,9 @@ def cost_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
         series.append({"label": model, "color": colors.get(model, OTHER_COLOR),
                        "x": list(range(len(days))), "y": [usd.get(d, 0) for d in days]})
     series.sort(key=lambda s: s["color"] if s["color"] >= 0 else 1_000_000)
-    chart = spec("cost-per-day", "bars", "Cost per day (USD, list price)", "day (UTC)", "USD", "", series)
+    per = {1: "day", 7: "week"}.get(data.get("cost_days", 1), f"{data.get('cost_days')} days")
+    chart = spec("cost-per-day", "bars", f"Cost per {per} (USD, list price)", f"{per} from (UTC)" if per != "day"
+                 else "day (UTC)", "USD", "", series)
     chart["categories"] = days
     chart["counts"] = False  # dollars: the y axis needs no whole-number ticks
     subscription = any(row["subscription"] for row in rows)

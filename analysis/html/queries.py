@@ -26,6 +26,9 @@ BUCKET_SECONDS = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 360
 NO_MODEL = "(none)"
 OK = "outcome = 'ok'"
 OK_STREAM = "outcome = 'ok' AND stream"  # TTFT means something only for streams
+SCATTERED = f"{OK_STREAM} AND input_tokens IS NOT NULL AND ttft_ms IS NOT NULL"
+UNIT_HASH = "hash(id) / 18446744073709551616.0"  # a request's hash as a fraction in [0, 1)
+COST_BARS = 62  # days per bar: 1, 7 or 30, so a long window still gives a few dozen bars
 
 
 def rows_as_dicts(query: Query, sql: str) -> list[dict[str, Any]]:
@@ -41,7 +44,8 @@ def base_cte(where: str) -> str:
         FROM requests WHERE ({where})
     ),
     top AS (
-        SELECT model, row_number() OVER (ORDER BY count(*) DESC, model) AS rank
+        SELECT model, row_number() OVER (ORDER BY count(*) DESC, model) AS rank,
+            count(*) FILTER (WHERE {SCATTERED}) AS scattered
         FROM r GROUP BY model
         QUALIFY rank <= {CHART_MODELS}
     )"""
@@ -84,26 +88,34 @@ def totals_sql(where: str) -> str:
 
 
 def scatter_sql(where: str) -> str:
+    """The `SCATTER_POINTS` requests of smallest hash per model. The hash is uniform, so keeping the
+    ones under twice the share needed first leaves the same points and sorts a few thousand, not all."""
     return f"""{base_cte(where)}
     SELECT model, input_tokens AS x, round(ttft_ms, 1) AS y
     FROM r JOIN top USING (model)
-    WHERE {OK_STREAM} AND input_tokens IS NOT NULL AND ttft_ms IS NOT NULL
+    WHERE {SCATTERED} AND {UNIT_HASH} < 2.0 * {SCATTER_POINTS} / scattered
     QUALIFY row_number() OVER (PARTITION BY model ORDER BY hash(id)) <= {SCATTER_POINTS}
     ORDER BY rank, x"""
 
 
 def cdf_sql(where: str) -> str:
-    """Empirical CDF points: `quantile_disc` picks recorded values (and is 3x faster than
-    `quantile_cont` with 200 quantiles)."""
+    """Empirical CDF points, as `quantile_disc` picks them (the value of rank ceil(q * n)), from one sort
+    per model and metric: `quantile_disc` with 200 quantiles selects 200 times."""
     qs = ", ".join(repr(q) for q in CDF_QUANTILES)
-    return f"""{base_cte(where)}
-    SELECT model,
-        quantile_disc(ttft_ms, [{qs}]) FILTER (WHERE stream) AS ttft_ms,
-        quantile_disc(tpot_ms, [{qs}]) AS tpot_ms,
-        quantile_disc(e2e_ms, [{qs}]) AS e2e_ms
-    FROM r JOIN top USING (model)
-    WHERE {OK}
-    GROUP BY model, rank ORDER BY rank"""
+
+    def picked(metric: str) -> str:
+        return f"CASE WHEN len({metric}) > 0 THEN list_transform([{qs}], lambda q: {metric}[greatest(1, ceil(q * len({metric})))::BIGINT]) END"
+    return f"""{base_cte(where)},
+    sorted AS (
+        SELECT model, rank,
+            list(ttft_ms ORDER BY ttft_ms) FILTER (WHERE stream AND ttft_ms IS NOT NULL) AS ttft,
+            list(tpot_ms ORDER BY tpot_ms) FILTER (WHERE tpot_ms IS NOT NULL) AS tpot,
+            list(e2e_ms ORDER BY e2e_ms) FILTER (WHERE e2e_ms IS NOT NULL) AS e2e
+        FROM r JOIN top USING (model)
+        WHERE {OK}
+        GROUP BY model, rank)
+    SELECT model, {picked("ttft")} AS ttft_ms, {picked("tpot")} AS tpot_ms, {picked("e2e")} AS e2e_ms
+    FROM sorted ORDER BY rank"""
 
 
 def series_sql(where: str, bucket_s: int) -> str:
@@ -138,10 +150,11 @@ def errors_by_model_sql(where: str) -> str:
     GROUP BY ALL ORDER BY n DESC"""
 
 
-def cost_by_day_sql(where: str) -> str:
-    """The list price of each day's priced requests, by model (the charted ones, then the rest)."""
+def cost_by_day_sql(where: str, days: int = 1) -> str:
+    """The list price of each bar's priced requests (`days` UTC days from the first), by model (the
+    charted ones, then the rest)."""
     return f"""{base_cte(where)}
-    SELECT strftime(day, '%Y-%m-%d') AS day,
+    SELECT strftime(time_bucket(INTERVAL {days} DAY, day, (SELECT min(day) FROM r)), '%Y-%m-%d') AS day,
         CASE WHEN top.rank IS NULL THEN '(other models)' ELSE r.model END AS model,
         coalesce(top.rank, {CHART_MODELS + 1}) AS rank, sum(cost_usd) AS usd,
         bool_or(billing = 'subscription') AS subscription
@@ -174,13 +187,19 @@ def bucket_seconds(span_s: float, requests: int) -> int:
     return int(span_s // buckets) + 1
 
 
+def cost_days(span_s: float) -> int:
+    """Days per bar of the cost chart: 1, 7 or 30, the first giving at most `COST_BARS` bars."""
+    return next((d for d in (1, 7) if span_s / 86400 < COST_BARS * d), 30)
+
+
 def fetch_report_data(query: Query, where: str = "TRUE") -> dict[str, Any]:
     """Everything the page needs, as plain Python values (no chart data when nothing matches)."""
     totals = rows_as_dicts(query, totals_sql(where))[0]
     data: dict[str, Any] = {"totals": totals}
     if not totals["requests"]:
         return data
-    bucket_s = bucket_seconds((totals["last_s"] or 0) - (totals["first_s"] or 0), totals["requests"])
+    span_s = (totals["last_s"] or 0) - (totals["first_s"] or 0)
+    bucket_s, days = bucket_seconds(span_s, totals["requests"]), cost_days(span_s)
     data |= {
         "summary": rows_as_dicts(query, summary_sql(where)),
         "scatter": rows_as_dicts(query, scatter_sql(where)),
@@ -189,7 +208,8 @@ def fetch_report_data(query: Query, where: str = "TRUE") -> dict[str, Any]:
         "bucket_s": bucket_s,
         "histogram": rows_as_dicts(query, histogram_sql(where)),
         "errors_by_model": rows_as_dicts(query, errors_by_model_sql(where)),
-        "cost_by_day": rows_as_dicts(query, cost_by_day_sql(where)) if _has(query, "cost_usd") else [],
+        "cost_by_day": rows_as_dicts(query, cost_by_day_sql(where, days)) if _has(query, "cost_usd") else [],
+        "cost_days": days,
         "error_table": rows_as_dicts(query, error_table_sql(where)),
     }
     return data
