@@ -2,8 +2,9 @@
 
 Every query reads the `requests` table through one predicate (`where`, trusted
 SQL from the CLI) and returns bounded data whatever the database's size:
-quantile lists for CDFs, time buckets for series, a hashed sample of at most
-`SCATTER_POINTS` per model for the scatter. Latencies and tokens/s are taken
+quantile lists for CDFs, time buckets for series and the cost's bars, a hashed
+sample of at most `SCATTER_POINTS` per model for the scatter, each aggregated in
+DuckDB over the rows `where` selects. Latencies and tokens/s are taken
 over requests whose outcome is `ok`, so fast failures do not pull them down,
 and TTFT only over streams (as in `analysis.views`).
 Charts show the `CHART_MODELS` busiest models; the tables show all of them.
@@ -17,7 +18,7 @@ from typing import Any
 Query = Callable[[str], tuple[list[str], list[str], list[tuple]]]
 
 CHART_MODELS = 12
-SCATTER_POINTS = 5000
+SCATTER_POINTS = 2000
 TIME_BUCKETS = 200
 HISTOGRAM_BINS = 40
 MIN_FIT_POINTS = 10
@@ -28,7 +29,7 @@ OK = "outcome = 'ok'"
 OK_STREAM = "outcome = 'ok' AND stream"  # TTFT means something only for streams
 SCATTERED = f"{OK_STREAM} AND input_tokens IS NOT NULL AND ttft_ms IS NOT NULL"
 UNIT_HASH = "hash(id) / 18446744073709551616.0"  # a request's hash as a fraction in [0, 1)
-COST_BARS = 62  # days per bar: 1, 7 or 30, so a long window still gives a few dozen bars
+COST_BARS = 62  # days per bar: 1, 7, 30 or more, so a long window still gives a few dozen bars
 
 
 def rows_as_dicts(query: Query, sql: str) -> list[dict[str, Any]]:
@@ -179,8 +180,9 @@ def _has(query: Query, column: str) -> bool:
 
 def bucket_seconds(span_s: float, requests: int) -> int:
     """The smallest round bucket giving at most `TIME_BUCKETS` buckets, and fewer for
-    sparse data (about 20 requests per bucket), so medians are not single requests."""
-    buckets = max(10, min(TIME_BUCKETS, requests // 20))
+    sparse data (about 20 requests per bucket), so medians are not single requests.
+    Buckets start at multiples of their size, so a span of k buckets' length may touch k + 1."""
+    buckets = max(10, min(TIME_BUCKETS, requests // 20)) - 1
     for seconds in BUCKET_SECONDS:
         if span_s / seconds <= buckets:
             return seconds
@@ -188,8 +190,9 @@ def bucket_seconds(span_s: float, requests: int) -> int:
 
 
 def cost_days(span_s: float) -> int:
-    """Days per bar of the cost chart: 1, 7 or 30, the first giving at most `COST_BARS` bars."""
-    return next((d for d in (1, 7) if span_s / 86400 < COST_BARS * d), 30)
+    """Days per bar of the cost chart: 1, 7, 30 or more, the first giving at most `COST_BARS` bars."""
+    days = span_s / 86400
+    return next((d for d in (1, 7, 30) if days < COST_BARS * d), int(days // COST_BARS) + 1)
 
 
 def fetch_report_data(query: Query, where: str = "TRUE") -> dict[str, Any]:
