@@ -38,9 +38,11 @@ def rows_as_dicts(query: Query, sql: str) -> list[dict[str, Any]]:
 
 
 def base_cte(where: str) -> str:
-    """`r`: the selected requests with a non-null `model`; `top`: the charted models by rank."""
+    """`r`: the selected requests with a non-null `model`; `top`: the charted models by rank. `r` is
+    read by each of its consumers (NOT MATERIALIZED): DuckDB would otherwise buffer the window's rows
+    (every column of `requests` a query names) once, which cost more than scanning them again."""
     return f"""
-    WITH r AS (
+    WITH r AS NOT MATERIALIZED (
         SELECT coalesce(request_model, '{NO_MODEL}') AS model, *
         FROM requests WHERE ({where})
     ),
@@ -153,14 +155,18 @@ def errors_by_model_sql(where: str) -> str:
 
 def cost_by_day_sql(where: str, days: int = 1) -> str:
     """The list price of each bar's priced requests (`days` UTC days from the first), by model (the
-    charted ones, then the rest)."""
-    return f"""{base_cte(where)}
-    SELECT strftime(time_bucket(INTERVAL {days} DAY, day, (SELECT min(day) FROM r)), '%Y-%m-%d') AS day,
-        CASE WHEN top.rank IS NULL THEN '(other models)' ELSE r.model END AS model,
-        coalesce(top.rank, {CHART_MODELS + 1}) AS rank, sum(cost_usd) AS usd,
-        bool_or(billing = 'subscription') AS subscription
-    FROM r LEFT JOIN top USING (model)
-    WHERE cost_usd IS NOT NULL
+    charted ones, then the rest): summed per day first, so only the few day rows are put in bars."""
+    return f"""{base_cte(where)},
+    daily AS (
+        SELECT day, CASE WHEN top.rank IS NULL THEN '(other models)' ELSE r.model END AS model,
+            coalesce(top.rank, {CHART_MODELS + 1}) AS rank, sum(cost_usd) AS usd,
+            bool_or(billing = 'subscription') AS subscription
+        FROM r LEFT JOIN top USING (model)
+        WHERE cost_usd IS NOT NULL
+        GROUP BY ALL)
+    SELECT strftime(time_bucket(INTERVAL {days} DAY, day, first), '%Y-%m-%d') AS day, model, rank,
+        sum(usd) AS usd, bool_or(subscription) AS subscription
+    FROM (SELECT *, min(day) OVER () AS first FROM daily)
     GROUP BY ALL ORDER BY day, rank"""
 
 
