@@ -102,8 +102,8 @@ def scatter_sql(where: str) -> str:
 
 
 def cdf_sql(where: str) -> str:
-    """Empirical CDF points, as `quantile_disc` picks them (the value of rank ceil(q * n)), from one sort
-    per model and metric: `quantile_disc` with 200 quantiles selects 200 times."""
+    """Empirical CDF points, the values `quantile_disc` picks (rank ceil(q * n)), from one sorted list
+    per model and metric: about half the CPU of `quantile_disc` with 200 quantiles (2M requests)."""
     qs = ", ".join(repr(q) for q in CDF_QUANTILES)
 
     def picked(metric: str) -> str:
@@ -111,9 +111,9 @@ def cdf_sql(where: str) -> str:
     return f"""{base_cte(where)},
     sorted AS (
         SELECT model, rank,
-            list(ttft_ms ORDER BY ttft_ms) FILTER (WHERE stream AND ttft_ms IS NOT NULL) AS ttft,
-            list(tpot_ms ORDER BY tpot_ms) FILTER (WHERE tpot_ms IS NOT NULL) AS tpot,
-            list(e2e_ms ORDER BY e2e_ms) FILTER (WHERE e2e_ms IS NOT NULL) AS e2e
+            list_sort(list(ttft_ms) FILTER (WHERE stream AND ttft_ms IS NOT NULL)) AS ttft,
+            list_sort(list(tpot_ms) FILTER (WHERE tpot_ms IS NOT NULL)) AS tpot,
+            list_sort(list(e2e_ms) FILTER (WHERE e2e_ms IS NOT NULL)) AS e2e
         FROM r JOIN top USING (model)
         WHERE {OK}
         GROUP BY model, rank)
