@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from analysis.filters import Filters
-from analysis.html.queries import SCATTER_POINTS
-from analysis.html.queries import Query
+from analysis.html.queries import (CDF_QUANTILES, CHART_MODELS, COST_BARS, HISTOGRAM_BINS, SCATTER_POINTS,
+                                   TIME_BUCKETS, Query)
 from analysis.html.report import render_html
 from analysis.source import open_source
 from .analysis_fixture import build_fixture_db
@@ -172,6 +172,44 @@ def test_scatter_is_sampled_to_a_bound() -> None:
         FROM range({SCATTER_POINTS + 1500}) r(i)""")
     [series] = charts_by_id(render_html(duckdb_query(con)))["ttft-input"]["series"]
     assert len(series["x"]) == SCATTER_POINTS
+
+
+# Two years of requests from 15 models, each model with its own error status: more models, days, statuses
+# and requests than any chart draws. Every 3rd request streams; gpt-4o-mini's have a price.
+BIG_STORE_SQL = """
+INSERT INTO requests (id, started_at, request_model, kind, stream, status, outcome, ttft_ms, tpot_ms, e2e_ms,
+    output_tokens_per_s, input_tokens, output_tokens, upstream_host)
+SELECT 'big-' || i, TIMESTAMPTZ '2024-01-01 00:00:00+00' + to_seconds(i * 1051),
+    CASE WHEN i % 15 = 0 THEN 'gpt-4o-mini' ELSE 'model-' || i % 15 END,
+    'generation', i % 3 = 0, CASE WHEN i % 11 = 0 THEN 400 + i % 15 ELSE 200 END,
+    CASE WHEN i % 11 = 0 THEN 'http_error' ELSE 'ok' END, 100 + i % 997, 5 + i % 31, 900 + i % 4001,
+    20 + i % 89, 1000 + i % 5003, 50 + i % 701, 'api.openai.com'
+FROM range({n}) r(i)"""
+
+
+def chart_points(db: Path, n: int) -> dict[str, int]:
+    con = duckdb.connect(str(db))
+    con.execute(create_tables_sql())
+    con.execute(BIG_STORE_SQL.format(n=n))
+    con.close()
+    source = open_source(db)
+    try:
+        charts = charts_by_id(render_html(source.query))
+    finally:
+        source.close()
+    assert all(len(c["series"]) <= CHART_MODELS + 1 for c in charts.values())
+    return {chart_id: max((len(s["x"]) for s in c["series"]), default=0) for chart_id, c in charts.items()}
+
+
+def test_charts_data_stays_bounded_on_a_bigger_store(tmp_path: Path) -> None:
+    """Points per series do not grow with the store: a sample, quantiles, time buckets, bins, a few dozen bars."""
+    bounds = {"ttft-input": SCATTER_POINTS, "cdf-ttft_ms": len(CDF_QUANTILES), "cdf-tpot_ms": len(CDF_QUANTILES),
+              "cdf-e2e_ms": len(CDF_QUANTILES), "time-ttft_ms": TIME_BUCKETS, "time-tpot_ms": TIME_BUCKETS,
+              "tokens-per-s": HISTOGRAM_BINS + 1, "errors": 12, "cost-per-day": COST_BARS}
+    small, big = chart_points(tmp_path / "small.duckdb", 60_000), chart_points(tmp_path / "big.duckdb", 120_000)
+    assert small.keys() == big.keys() == bounds.keys()
+    assert {c: n for c, n in big.items() if n > bounds[c]} == {}
+    assert big["ttft-input"] == small["ttft-input"] == SCATTER_POINTS  # the sample's size, whatever the store's
 
 
 # --- in a real browser -------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.html.queries import CDF_QUANTILES, HISTOGRAM_BINS
+from analysis.html.queries import CDF_QUANTILES, HISTOGRAM_BINS, SCATTER_POINTS
 
 OTHER_COLOR = -1
 P99_INDEX = min(range(len(CDF_QUANTILES)), key=lambda i: abs(CDF_QUANTILES[i] - 0.99))
@@ -44,7 +44,8 @@ def scatter_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any
         }
         for model, rows in group_rows(data["scatter"]).items()
     ]
-    note = "Each dot is a request (a sample of at most 5,000 per model); lines are least-squares fits."
+    note = (f"Each dot is a request (a hashed sample of at most {SCATTER_POINTS:,} per model); lines are"
+            " least-squares fits over all of them.")
     if any((row["ttft_ms_per_1k_input"] or 0) < 0 for row in data["summary"] if row["model"] in colors):
         note += " A line falling to the right is no prefill cost: caching, or too little spread in input sizes."
     return spec("ttft-input", "scatter", "TTFT against input tokens", "input tokens", "TTFT (ms)", note, series)
@@ -124,7 +125,10 @@ def cost_chart(data: dict[str, Any], colors: dict[str, int]) -> dict[str, Any]:
         series.append({"label": model, "color": colors.get(model, OTHER_COLOR),
                        "x": list(range(len(days))), "y": [usd.get(d, 0) for d in days]})
     series.sort(key=lambda s: s["color"] if s["color"] >= 0 else 1_000_000)
-    chart = spec("cost-per-day", "bars", "Cost per day (USD, list price)", "day (UTC)", "USD", "", series)
+    width = data.get("cost_days", 1)
+    per = {1: "day", 7: "week"}.get(width, f"{width} days")
+    x = "day (UTC)" if width == 1 else f"{per} from (UTC)"
+    chart = spec("cost-per-day", "bars", f"Cost per {per} (USD, list price)", x, "USD", "", series)
     chart["categories"] = days
     chart["counts"] = False  # dollars: the y axis needs no whole-number ticks
     subscription = any(row["subscription"] for row in rows)

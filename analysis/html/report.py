@@ -4,8 +4,9 @@ renderer (`static/report.js`) from the data it embeds.
 The file needs no network: the chart library, its CSS, the page's own script and
 the data (JSON, written with orjson) are all inline. Its size is bounded whatever
 the database holds: per-model quantile lists for the CDFs, at most 200 time
-buckets per series, a hashed sample of at most 5,000 requests per model for the
-scatter, and charts for the 12 busiest models (`analysis.html.queries`).
+buckets per series, a hashed sample of at most 2,000 requests per model for the
+scatter, at most 62 cost bars (of a day, a week, 30 days or more), and charts for
+the 12 busiest models (`analysis.html.queries`).
 
 Charts are drawn with uPlot 1.6 (MIT, vendored in `analysis/static/`): about
 50 KB minified with no dependencies, which keeps a report near 100 KB where
