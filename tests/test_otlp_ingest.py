@@ -528,6 +528,10 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
             tmux("send-keys", "-t", session, "Enter")
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        assert p.flush(10)
+        sent = rows(p, "SELECT kind, request_model, max_tokens, stream, message_count, tool_results IS NOT NULL AS results"
+                       " FROM requests WHERE kind IN ('generation', 'side') ORDER BY started_at")
+    print("\nits generations and side requests:\n" + "\n".join(map(str, sent)))
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision']} "
                            f"{e['decision_source']} {e['duration_ms']}" for e in agent))
     times = [float(t) for t in marks.read_text().split()]

@@ -42,7 +42,7 @@ __all__ = ["GENERATION", "KINDS", "SIDE", "path_kind", "path_kind_sql", "request
 GENERATION = "generation"
 SIDE = "side"
 # agents whose every turn declares tools (real-clis.md), so a generation without any is a side request
-SIDE_AGENTS = frozenset({"gemini-cli", "opencode", "qwen-code"})
+SIDE_AGENTS = frozenset({"claude-code", "gemini-cli", "opencode", "qwen-code"})
 
 _TOKEN_COUNT = ("/messages/count_tokens", "/responses/input_tokens", ":counttokens")
 _EMBEDDING = ("/embeddings", ":embedcontent", ":batchembedcontents")
