@@ -69,9 +69,10 @@ async def responses_stream(base: str) -> None:
             pass
 
 
-async def messages_stream(base: str, headers: dict[str, str] | None = None) -> None:
+async def messages_stream(base: str, headers: dict[str, str] | None = None,
+                          tools: list[anthropic.types.ToolParam] | None = None) -> None:
     async with _anthropic(base, {"x-sim-reasoning-tokens": "16", "x-sim-cache-read-tokens": "3000", **(headers or {})}) as client:
-        async with client.messages.stream(model="claude-sonnet-4-5", max_tokens=400,
+        async with client.messages.stream(model="claude-sonnet-4-5", max_tokens=400, tools=tools or anthropic.omit,
                                           messages=[{"role": "user", "content": PROMPT * random.randint(1, 25)}]) as stream:
             async for _ in stream.text_stream:
                 pass
@@ -105,6 +106,9 @@ async def cut_stream(base: str) -> None:
 
 
 CLAUDE_CODE = {"User-Agent": "claude-cli/2.1.197 (external, sdk-cli)", "x-app": "cli"}
+# Claude Code declares its tools on every turn (a request without them is a side request, `kind` side)
+CLAUDE_TOOLS: list[anthropic.types.ToolParam] = [
+    {"name": name, "description": f"The {name} tool.", "input_schema": {"type": "object"}} for name in ("Bash", "Read")]
 CODEX = {"User-Agent": "codex_exec/0.171.0 (Debian 12; x86_64) dumb", "originator": "codex_exec",
          "Authorization": "Bearer sk-demo-not-a-real-key", "OpenAI-Beta": "responses_websockets=2026-02-06",
          "x-codex-turn-metadata": '{"request_kind":"turn"}', "x-sim-reasoning-tokens": "8"}
@@ -119,7 +123,7 @@ async def claude_code_prompt(base: str) -> None:
     async with _anthropic(base, headers) as client:
         messages = [{"role": "user", "content": PROMPT * random.randint(1, 25)}]
         await client.messages.count_tokens(model="claude-sonnet-4-5", messages=messages)  # type: ignore[arg-type]
-    await messages_stream(base, headers)
+    await messages_stream(base, headers, CLAUDE_TOOLS)
 
 
 async def codex_turn(base: str) -> None:

@@ -1,7 +1,8 @@
 """What the real CLIs send around their generations, as plain aiohttp calls (tests/../real-clis.md).
 
 Claude Code: `HEAD /` (User-Agent Bun), `POST /v1/messages/count_tokens?beta=true`, then the streamed
-`POST /v1/messages?beta=true`. Codex on its built-in provider: a WebSocket on `/v1/responses` with a
+`POST /v1/messages?beta=true`, which declares its `tools` (every main request does: one without
+them is a side request, such as the interactive UI's title request). Codex on its built-in provider: a WebSocket on `/v1/responses` with a
 prewarm (`"generate": false`) before the turn, and `x-codex-turn-metadata` on the handshake.
 Cline and the SDKs: `GET /v1/models`, Chat Completions with `include_usage`.
 """
@@ -23,6 +24,13 @@ CODEX_HEADERS = {"Authorization": "Bearer sk-test", "originator": "codex_exec",
 MESSAGES = [{"role": "user", "content": "say hi " * 40}]
 
 
+def claude_tools(*names: str) -> list[dict[str, Any]]:
+    """The `tools` a Claude Code main request declares (Anthropic's shape): Bash and Read, or `names`."""
+    return [{"name": name, "description": f"The {name} tool.",
+             "input_schema": {"type": "object", "properties": {}, "additionalProperties": True}}
+            for name in names or ("Bash", "Read")]
+
+
 async def claude_code_prompt(s: aiohttp.ClientSession, base: str, model: str = "claude-sonnet-4-5") -> None:
     """One `claude -p` prompt: the warm-up HEAD, a token count, the streamed turn."""
     async with s.head(base + "/", headers={"User-Agent": "Bun/1.2.19"}) as r:
@@ -32,7 +40,8 @@ async def claude_code_prompt(s: aiohttp.ClientSession, base: str, model: str = "
         assert r.status == 200, await r.text()
         await r.read()
     async with s.post(base + "/v1/messages?beta=true", headers=CLAUDE_HEADERS,
-                      json={"model": model, "max_tokens": 1000, "stream": True, "messages": MESSAGES}) as r:
+                      json={"model": model, "max_tokens": 1000, "stream": True, "messages": MESSAGES,
+                            "tools": claude_tools()}) as r:
         assert r.status == 200, await r.text()
         await r.read()
 

@@ -30,6 +30,7 @@ from proxy.cli import main
 from proxy.settings.client_key import telemetry_token
 from proxy.simulator.app import Simulator
 
+from .cli_traffic import claude_tools
 from .conftest import proxy_config
 from .serving import RunningProxy
 
@@ -60,7 +61,8 @@ async def turn(s: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]
         headers.update({"x-sim-tool-call": "1", "x-sim-tool-name": tools})
     sent = time.time_ns()
     async with s.post(url + "/v1/messages", headers=headers,
-                      json={"model": "claude-x", "max_tokens": 64, "stream": True, "messages": messages}) as r:
+                      json={"model": "claude-x", "max_tokens": 64, "stream": True, "messages": messages,
+                            "tools": claude_tools("Bash", "Read", "run_shell_command")}) as r:
         assert r.status == 200
         body = await r.read()
     calls = [e["content_block"] for e in (orjson.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: "))

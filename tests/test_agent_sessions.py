@@ -106,3 +106,23 @@ async def test_a_side_requests_tokens_are_still_counted(proxy: RunningProxy) -> 
     found = samples(metrics.render()[0].decode())
     assert value(found, "gen_ai_client_inference_usage_output_tokens_total", **lbl("/", "q", "qwen-code", "2xx"),
                  gen_ai_token_modality="unknown") == 8
+
+
+async def test_claude_codes_tool_less_requests_are_side_requests(proxy: RunningProxy) -> None:
+    """Claude Code declares its tools on every turn; interactive Claude Code also asks for a title and
+    checks its quota without them (#43): those are side requests, in the turn's session."""
+    from .cli_traffic import CLAUDE_HEADERS, claude_code_prompt
+
+    title = {"model": "claude-haiku-4-5", "max_tokens": 512, "stream": True, "messages": [{"role": "user", "content": "say hi"}],
+             "system": [{"type": "text", "text": "Generate a concise, sentence-case title (3-7 words) for this "
+                                                 "coding session. Return JSON with a single \"title\" field."}]}
+    quota = {"model": "claude-haiku-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+    async with aiohttp.ClientSession() as s:
+        await claude_code_prompt(s, proxy.url)  # `claude -p`: its turn declares tools
+        for body in (title, quota):
+            assert await post(s, proxy.url + "/v1/messages?beta=true", body, CLAUDE_HEADERS) == 200
+    found = [r for r in rows(proxy) if r["method"] == "POST"]
+    assert [(r["tool"], r["request_model"], r["kind"]) for r in found] == [
+        ("claude-code", "claude-sonnet-4-5", "token_count"), ("claude-code", "claude-sonnet-4-5", "generation"),
+        ("claude-code", "claude-haiku-4-5", "side"), ("claude-code", "claude-haiku-4-5", "side")]
+    assert len({r["session_id"] for r in found}) == 1

@@ -19,6 +19,7 @@ from proxy.common.headers import TAG_HEADER
 from proxy.serve.server import write_state
 from tests.serving import RunningProxy
 
+from .cli_traffic import claude_tools
 from .conftest import rows
 
 ANTHROPIC = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01",
@@ -35,7 +36,8 @@ def claude_body(cwd: str) -> dict[str, Any]:
               {"type": "text", "text": "You are an interactive agent...\n\nHere is useful information about the"
                f" environment you are running in:\n<env>\nWorking directory: {cwd}\nIs directory a git repo: No\n"
                "Platform: linux\n</env>\nYou are powered by the model named Sonnet 4.5."}]
-    return {"model": "claude-sonnet-4-5", "max_tokens": 1000, "stream": True, "system": system, "messages": HI}
+    return {"model": "claude-sonnet-4-5", "max_tokens": 1000, "stream": True, "system": system, "messages": HI,
+            "tools": claude_tools()}
 
 
 def codex_body(cwd: str) -> dict[str, Any]:

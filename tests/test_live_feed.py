@@ -17,6 +17,7 @@ from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 from proxy.meter.sse import SSEParser
 
+from .cli_traffic import claude_tools
 from .conftest import proxy_config
 from .waiting import wait_until
 
@@ -29,7 +30,8 @@ def feeds(p: RunningProxy) -> list[LiveFeed]:
 
 async def claude_stream(s: aiohttp.ClientSession, base: str, session_id: str, tokens: int = 40,
                         itl_ms: int = 25, ttft_ms: int = 150) -> None:
-    body = {"model": "sim-claude", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "sim-claude", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            "tools": claude_tools()}
     headers = {"x-claude-code-session-id": session_id, "user-agent": "claude-cli/2.1.0 (external, cli)",
                "x-sim-tokens": str(tokens), "x-sim-itl-ms": str(itl_ms), "x-sim-ttft-ms": str(ttft_ms)}
     async with s.post(base + "/v1/messages", json=body, headers=headers) as r:

@@ -18,6 +18,7 @@ from proxy.common.schema import REQUEST_COLUMN_NAMES
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
+from .cli_traffic import claude_tools
 from .conftest import proxy_config, rows
 from .waiting import wait_until
 
@@ -31,7 +32,7 @@ MIX: list[tuple[str, str, dict[str, Any] | None, dict[str, str]]] = [
     ("POST", "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}},
      {"x-sim-ttft-ms": "30", "x-sim-itl-ms": "5", "x-sim-tokens": "6", "x-sim-cache-read-tokens": "40",
       "user-agent": "OpenAI/Python 1.99.0"}),
-    ("POST", "/v1/messages", MESSAGES, {"x-sim-tokens": "5", "user-agent": "claude-cli/2.1.0 (external, cli)"}),
+    ("POST", "/v1/messages", {**MESSAGES, "tools": claude_tools()}, {"x-sim-tokens": "5", "user-agent": "claude-cli/2.1.0 (external, cli)"}),
     ("POST", "/v1/chat/completions", CHAT, {"x-sim-status": "429", "user-agent": "OpenAI/Python 1.99.0"}),
     ("GET", "/v1/models", None, {"user-agent": "curl/8.5.0"}),
 ]

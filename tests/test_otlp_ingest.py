@@ -528,6 +528,14 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
             tmux("send-keys", "-t", session, "Enter")
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        assert p.flush(10)
+        sent = rows(p, "SELECT kind, request_model, max_tokens, stream, message_count, tool_results IS NOT NULL AS results"
+                       " FROM requests WHERE kind IN ('generation', 'side') ORDER BY started_at")
+    print("\nits generations and side requests:\n" + "\n".join(map(str, sent)))
+    # the turns declare tools: generations; what it sends beside them without (a title) is `side` (#43)
+    main = next(r["request_model"] for r in sent if r["results"])
+    assert [r["kind"] for r in sent if r["request_model"] == main] == ["generation", "generation"], sent
+    assert {r["kind"] for r in sent if r["request_model"] != main} == {"side"}, sent
     print("\n" + "\n".join(f"{e['event_at']} {e['event_name']} {e['call_id']} {e['decision']} "
                            f"{e['decision_source']} {e['duration_ms']}" for e in agent))
     times = [float(t) for t in marks.read_text().split()]

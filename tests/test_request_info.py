@@ -16,6 +16,7 @@ CLAUDE_BODY = {
     "stream": True,
     "thinking": {"type": "adaptive"},
     "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "say hi"}],
+    "tools": [{"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object"}}],
     "metadata": {"user_id": orjson.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": CLAUDE_SESSION}).decode()},
 }
 

@@ -19,6 +19,7 @@ from proxy.cli import main
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
 
+from .cli_traffic import claude_tools
 from .conftest import proxy_config
 from .waiting import wait_until
 
@@ -29,7 +30,7 @@ SIM = {"x-sim-ttft-ms": "60", "x-sim-itl-ms": "5", "x-sim-tokens": "12", "x-sim-
 async def claude(s: aiohttp.ClientSession, base: str, *, header: str | None = None,
                  metadata: str | None = None, status: str | None = None) -> None:
     body: dict[str, Any] = {"model": "sim-claude", "max_tokens": 64, "stream": True,
-                            "messages": [{"role": "user", "content": "hello " * 40}]}
+                            "messages": [{"role": "user", "content": "hello " * 40}], "tools": claude_tools()}
     headers = {**SIM, "user-agent": "claude-cli/2.1.0 (external, cli)"}
     if header:
         headers["x-claude-code-session-id"] = header

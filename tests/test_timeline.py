@@ -24,7 +24,9 @@ from analysis.source import FileSource
 from proxy.cli import main
 from .serving import RunningProxy
 from proxy.simulator.app import Simulator
+from proxy.simulator.tokens import TOOL_NAME
 
+from .cli_traffic import claude_tools
 from .conftest import proxy_config
 
 SESSION = "5e551011-aaaa-4bbb-8ccc-000000000029"
@@ -33,7 +35,8 @@ FAST = {"x-sim-ttft-ms": "40", "x-sim-itl-ms": "5", "x-sim-tokens": "6"}
 
 
 def claude_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"model": "claude-x", "max_tokens": 64, "stream": True, "messages": messages}
+    return {"model": "claude-x", "max_tokens": 64, "stream": True, "messages": messages,
+            "tools": claude_tools(TOOL_NAME, "Bash", "Read")}
 
 
 async def turn(s: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], tool: bool,

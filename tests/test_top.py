@@ -25,6 +25,7 @@ from analysis.top.model import TopModel, quantile
 from analysis.top.render import frame
 from analysis.top.terminal import ALT_SCREEN_OFF, ALT_SCREEN_ON, SHOW_CURSOR, paint
 
+from .cli_traffic import claude_tools
 from .waiting import START_S
 
 NOW = 1_800_000_000.0
@@ -215,7 +216,7 @@ async def request(s: aiohttp.ClientSession, base: str, session: str, tokens: int
     else:
         headers.update({"user-agent": "claude-cli/2.1.0 (external, cli)", "x-claude-code-session-id": session})
         body = {"model": "claude-sonnet-4-5", "max_tokens": 400, "stream": True,
-                "messages": [{"role": "user", "content": "hello " * 60}]}
+                "messages": [{"role": "user", "content": "hello " * 60}], "tools": claude_tools()}
         path = "/v1/messages"
     async with s.post(base + path, json=body, headers=headers) as r:
         await r.read()

@@ -15,8 +15,8 @@ says it in its `x-codex-turn-metadata` header (JSON, `"request_kind": "turn"`).
 - `prewarm`: a WebSocket `response.create` with `"generate": false` (Codex warms
   the connection before the turn; the answer carries no output).
 - `side`: a generation an agent makes beside its turns, to itself rather than for the person: one that
-  declares no tools from an agent whose turns always do (opencode's title request, Qwen Code's and Gemini
-  CLI's summaries and checks), or Gemini's `responseMimeType: application/json` (Gemini CLI's
+  declares no tools from an agent whose turns always do (Claude Code's and opencode's title requests, Qwen
+  Code's and Gemini CLI's summaries and checks), or Gemini's `responseMimeType: application/json` (Gemini CLI's
   next-speaker and routing checks). Only for those agents (`SIDE_AGENTS`): aider declares no tools at
   all, an SDK script's tool-less call is its own work. Not a turn: sessions leave it out; the GenAI
   metrics, OpenTelemetry and the costs of `llmtap run` and the live feed count it with the generations.
@@ -42,7 +42,7 @@ __all__ = ["GENERATION", "KINDS", "SIDE", "path_kind", "path_kind_sql", "request
 GENERATION = "generation"
 SIDE = "side"
 # agents whose every turn declares tools (real-clis.md), so a generation without any is a side request
-SIDE_AGENTS = frozenset({"gemini-cli", "opencode", "qwen-code"})
+SIDE_AGENTS = frozenset({"claude-code", "gemini-cli", "opencode", "qwen-code"})
 
 _TOKEN_COUNT = ("/messages/count_tokens", "/responses/input_tokens", ":counttokens")
 _EMBEDDING = ("/embeddings", ":embedcontent", ":batchembedcontents")
