@@ -116,7 +116,7 @@ def render_session(s: Session, fmt: str) -> str:
     t = s.totals
     wall = max(t.wall_s, 1e-9)
     head = (f"session {s.key}{' (inferred)' if s.inferred else ''}, {s.tool or 'unknown tool'}, "
-            f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {s.requests} requests, {s.turns} turns; "
+            f"{when(s.start_s)} UTC, wall {fmt_s(t.wall_s)}, {_count(s.requests, 'request')}, {_count(s.turns, 'turn')}; "
             f"{', '.join(s.models) or 'no model named'}; accounts: {s.accounts}")
     lines = [head, ""]
     for span in s.spans:
@@ -256,3 +256,7 @@ def _html_timeline(s: Session, e: Any) -> str:
     return (f'<h3>The latest session, {e(truncate(s.key, 40))}</h3><div class="scroll"><table class="num sessions">'
             "<thead><tr><th>At</th><th>Part</th><th>What</th><th>Timeline</th><th>Took</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table></div>")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
