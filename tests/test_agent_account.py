@@ -246,6 +246,8 @@ async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simu
         page = endpoint(f"request/{session.spans[0].request_id}")
         assert page is not None
         status, body = page(source.query, {})
+        _, _, [(stated_client_ms,)] = source.query("SELECT sum(client_ms) FROM api_request_accounts"
+                                                   " WHERE measure = 'e2e' AND NOT never_reached_llmtap")
     finally:
         source.close()
     assert session.accounts == "wire + agent"
@@ -264,7 +266,9 @@ async def test_the_session_splits_each_tool_span_by_the_agents_account(sim: Simu
     assert t.model_s + t.tool_s + t.agent_s + t.you_s + t.other_s == pytest.approx(t.wall_s, abs=1e-6)
     assert t.approving_s == pytest.approx(approving.seconds, abs=0.01)  # less the response's tail after the block
     assert t.tools_s["Bash"] == pytest.approx(bash.seconds, abs=1e-6)
-    assert session.client_ms["e2e"] == pytest.approx(5, abs=30)
+    # the agent's duration less llmtap's E2E, summed: at least the 5 ms this agent adds (its own wall
+    # around the request holds llmtap's), more on a busy machine, and the view's figure exactly
+    assert session.client_ms["e2e"] == pytest.approx(stated_client_ms) and session.client_ms["e2e"] >= 4
     # each call its own run: Bash twice (250 ms, 300 ms), Read once (20 ms); the group not as one
     assert (by_tool["Bash"]["runs"], by_tool["Read"]["runs"], by_tool["Bash"]["in_groups"]) == (2, 1, 0)
     assert by_tool["Read"]["total_s"] == pytest.approx(ms(started, read) / 1000) and "Bash+Read" not in by_tool

@@ -292,7 +292,10 @@ async def test_a_failed_probe_is_worded_by_its_method_and_tool(tmp_path: Path) -
     from .serving import RunningProxy
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", lambda request: web.Response(status=404, text="Not Found"))
+    async def not_found(_: web.Request) -> web.Response:
+        return web.Response(status=404, text="Not Found")
+
+    app.router.add_route("*", "/{tail:.*}", not_found)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
