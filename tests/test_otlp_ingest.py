@@ -365,7 +365,8 @@ async def test_real_claude_code_reports_its_tool_run_with_the_wires_ids(clis: Pa
     cfg = scripted("Bash", {"command": command(marks), "description": "Sleep a while"})
     home = tmp_path / "home"
     async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None})
+        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None},
+                    telemetry=True)
         quiet = {k: v for k, v in CLAUDE_QUIET.items() if k != "DISABLE_TELEMETRY"}
         env = base_env(home, **quiet)
         code, out, err = await run_cli([str(clis / "node_modules/.bin/claude"), "-p", "run the check",
@@ -412,7 +413,7 @@ async def test_real_codex_reports_its_tool_run_with_the_wires_ids(clis: Path, tm
     (codex_home / "config.toml").write_text(CODEX_CONFIG)
     async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
         write_setup("codex", "--base-url", p.url, "--env-key", "TAP_API_KEY", "--codex-login", "api-key",
-                    env={"HOME": str(home), "CODEX_HOME": str(codex_home)})
+                    env={"HOME": str(home), "CODEX_HOME": str(codex_home)}, telemetry=True)
         env = base_env(home, CODEX_HOME=str(codex_home), TAP_API_KEY="sk-test")
         code, out, err = await run_cli([str(clis / "node_modules/.bin/codex"), "exec", "--skip-git-repo-check",
                                         "--dangerously-bypass-approvals-and-sandbox", "run the check"], env, tmp_path)
@@ -501,7 +502,8 @@ async def test_real_interactive_claude_code_an_approval_is_the_persons_time(clis
     work.mkdir()
     session = f"llmtap-otel-{os.getpid()}"
     async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None})
+        write_setup("claude-code", "--base-url", p.url, env={"HOME": str(home), "CLAUDE_CONFIG_DIR": None},
+                    telemetry=True)
         (home / ".claude.json").write_text(json.dumps({
             "hasCompletedOnboarding": True, "theme": "dark", "numStartups": 5,
             "customApiKeyResponses": {"approved": [TMUX_KEY[-20:]], "rejected": []},

@@ -117,8 +117,9 @@ async def llmtap_run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[i
     return await run_cli([sys.executable, "-m", "proxy", "run", *args], child_env, cwd)
 
 
-def write_setup(*args: str, env: dict[str, str]) -> None:
-    result = CliRunner().invoke(setup, [*args, "--write"], env=env)
+def write_setup(*args: str, env: dict[str, str], telemetry: bool = False) -> None:
+    """`llmtap setup ... --write`; without the tool's own telemetry unless asked (tests/test_otlp_ingest.py's)."""
+    result = CliRunner().invoke(setup, [*args, "--write", *(() if telemetry else ("--no-telemetry",))], env=env)
     assert result.exit_code == 0, result.output
 
 
