@@ -128,6 +128,8 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 KINDS = ("generation", "side", "token_count", "embedding", "model_list", "probe", "prewarm", "other")
+# the kinds that are a model generating (tokens spent, a cost): a turn's, or a side request beside the turns
+GENERATING_KINDS = ("generation", "side")
 
 CHUNK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "VARCHAR"),

@@ -31,6 +31,7 @@ from proxy.meter.meter import Meter, RequestLabels, Snapshot
 from proxy.common.prices import row_cost
 from proxy.observe.looplag import LoopLag
 from proxy.record.recorder import Finished, Recorder
+from proxy.common.schema import GENERATING_KINDS
 
 TICK_S = 0.25
 VIEWER_QUEUE = 16  # ticks (4 s) a viewer may fall behind before it loses the oldest
@@ -180,7 +181,7 @@ def _entry(snap: Snapshot, labels: Labels, now_ns: int) -> dict[str, Any]:
 
 def finished_entry(row: dict[str, Any]) -> dict[str, Any]:
     entry = {name: row.get(name) for name in FINISHED_FIELDS}
-    if row.get("kind") in ("generation", "side", None):
+    if row.get("kind") in (*GENERATING_KINDS, None):
         entry["cost_usd"] = row_cost(row)  # as the views' cost_usd: the row itself has no price
     started = row.get("started_at")
     entry["started"] = started.timestamp() if started is not None else None

@@ -57,12 +57,13 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.utils import floatToGoString
 
 from proxy.common.prices import SUBSCRIPTION_KINDS, load as load_prices, row_cost
+from proxy.common.schema import GENERATING_KINDS
 
 # OTel GenAI advice: 0.01 s doubling to 81.92 s; tokens 1 quadrupling to 4^13.
 DURATION_BUCKETS = tuple(round(0.01 * 2**k, 2) for k in range(14))
 TOKEN_BUCKETS = tuple(float(4**k) for k in range(14))
 LABELS = ("route", "model", "tool", "status_class")
-GENAI_KINDS = frozenset({"generation", "side", "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
+GENAI_KINDS = frozenset({*GENERATING_KINDS, "embedding", None})  # the kinds the GenAI histograms cover (None: unknown)
 # The current usage counters: (name part, row column), all with gen_ai_token_modality="unknown"
 USAGE_COUNTERS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
                   ("cache_read_input_tokens", "cache_read_tokens"),

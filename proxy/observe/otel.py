@@ -69,6 +69,7 @@ else:
 
 from proxy.observe.metrics import DURATION_BUCKETS, TOKEN_BUCKETS
 from proxy.common.prices import SUBSCRIPTION_KINDS, row_cost
+from proxy.common.schema import GENERATING_KINDS
 from proxy.common.terminal_text import stderr_line
 
 INSTRUMENTATION = "llmtap"
@@ -142,7 +143,7 @@ def operation(row: Mapping[str, Any]) -> str | None:
     kind = row.get("kind")
     if kind == "embedding":
         return "embeddings"
-    if kind not in (None, "generation", "side"):  # side: a generation beside the turns
+    if kind not in (None, *GENERATING_KINDS):
         return None
     return OPERATION.get(row.get("dialect") or "")
 

@@ -19,6 +19,7 @@ import duckdb
 from proxy.common import prices
 from proxy.common.instances import AdminClient, AdminError
 from proxy.record.store import StoreError, open_readonly
+from proxy.common.schema import GENERATING_KINDS
 
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
 
@@ -92,7 +93,7 @@ COST_COLUMNS = ("response_model", "request_model", "upstream_host", "started_at"
 
 
 def cost(query: "Query", where: str) -> Cost:
-    columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind IN ('generation', 'side')"
+    columns, _, rows = query(f"SELECT {', '.join(COST_COLUMNS)} FROM requests WHERE {where} AND kind IN {GENERATING_KINDS}"
                              " AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL) LIMIT 100000")
     usd: float | None = None
     unpriced, subscription = 0, False
