@@ -29,6 +29,8 @@ from .browser import Chromium, find_chromium
 from .test_timeline import agent
 from .test_web_ui import World, login, qwen_turn_and_side_request
 
+PERSON_PAUSE_S = 1.5  # the person's pause between two prompts, drawn as "you" on the session page
+
 WIDTHS, HEIGHT = (1400, 800), 900
 MODELS = (("gpt-4o-mini", "/v1/chat/completions", 180, 8), ("claude-sonnet-4-5", "/v1/messages", 420, 18),
           ("gpt-5", "/v1/chat/completions", 650, 12))
@@ -84,7 +86,7 @@ async def claude_sessions(url: str, tmp: Path) -> bool:
         out, err = await proc.communicate()
         if proc.returncode != 0:
             sys.exit(f"claude -p failed ({proc.returncode}): {out.decode()[-400:]} {err.decode()[-400:]}")
-        await asyncio.sleep(1.5)  # "you": the pause before the next prompt
+        await asyncio.sleep(PERSON_PAUSE_S)  # scripted, not a wait for anything: the "you" span the page shows
     return True
 
 
