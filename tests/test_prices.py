@@ -167,3 +167,31 @@ def test_genai_prices_release_prices_what_the_tests_assume() -> None:
              for key in FIXTURE_PRICES}
     changed = {key: found[key] for key in FIXTURE_PRICES if found[key] != FIXTURE_PRICES[key]}
     assert not changed, f"{prices.source()} prices these differently from the release last tested: {changed}"
+
+
+def test_lookups_kept_in_a_file_are_the_packages_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next process reads its lookups from prices-cache.json: the same prices, tiers, periods and
+    off-peak hours as the package's; a file of another copy of the package's data is not used."""
+    monkeypatch.setenv("LLMTAP_HOME", str(tmp_path))
+    pairs = sorted({(model, host) for model, host, *_ in ROWS if model} | {("sim-unknown-model", "127.0.0.1")})
+    first = prices._Remembered()
+    for pair in pairs:
+        first.put(*pair, prices._looked_up(*pair))
+    assert {pair: prices._Remembered().get(*pair) for pair in pairs} == {pair: prices._looked_up(*pair) for pair in pairs}
+    path = tmp_path / "prices-cache.json"
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.write_bytes(path.read_bytes().replace(b'"key":"', b'"key":"0:0 '))  # as after an upgrade
+    assert prices._Remembered().get(*pairs[0]) is False
+
+
+def test_a_command_after_the_first_does_not_load_the_package(db: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    check = ("import sys; from analysis.source import open_source; open_source(sys.argv[1]).close();"
+             "print(sorted(m for m in sys.modules if m.startswith('genai_prices')))")
+    env = {**os.environ, "LLMTAP_HOME": str(tmp_path)}
+    loaded = [subprocess.run([sys.executable, "-c", check, str(db)], env=env, capture_output=True, text=True,
+                             check=True).stdout.strip() for _ in range(2)]
+    assert loaded[0] != "[]" and loaded[1] == "[]", loaded

@@ -23,12 +23,20 @@ unknown: its cost is NULL, never 0.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
+
+import orjson
+
+from proxy.common import paths
+from proxy.common.private_file import write_private
 
 # price key of genai-prices -> the part of a row's tokens it prices
 PRICE_KEYS = (
@@ -135,6 +143,77 @@ def _snapshot() -> Any:
     return data_snapshot.get_snapshot()
 
 
+class _Remembered:
+    """The package's lookups kept in a file between processes: importing its data costs some 0.3 s,
+    most of a quick command's time, for the handful of models a store holds. The file is valid for one
+    copy of the package's data and of this module (their sizes and mtimes: an upgrade of either starts
+    it afresh), and is not used while updates are on (`enable_updates`: the data moves in the process).
+    A file that cannot be read or written costs the time, never a lookup."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.found: dict[str, Any] = {}
+        self.version: str | None = None
+
+    def _stamp(self) -> str:
+        import importlib.util
+
+        spec = importlib.util.find_spec("genai_prices")
+        folder = Path(spec.origin).parent if spec and spec.origin else Path()
+        stats = [os.stat(path) for path in (folder / "data.py", __file__)]
+        return " ".join(f"{s.st_size}:{s.st_mtime_ns}" for s in stats)
+
+    def _load(self) -> None:
+        if self.key is not None:
+            return
+        self.key = ""
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            self.key = self._stamp()
+            kept = orjson.loads(self._path().read_bytes())
+            if kept["key"] == self.key:
+                self.found, self.version = kept["found"], kept["version"]
+
+    @staticmethod
+    def _path() -> Path:
+        return paths.data_dir() / "prices-cache.json"
+
+    def get(self, model: str, host: str) -> Priced | None | bool:
+        """The lookup kept for the pair, else False."""
+        self._load()
+        kept = self.found.get(f"{model}\n{host}", False)
+        if kept is None or kept is False or isinstance(kept, Priced):
+            return kept
+        return Priced(**{**kept, "segments": tuple(map(_segment, kept["segments"]))})
+
+    def put(self, model: str, host: str, priced: Priced | None) -> None:
+        self._load()
+        self.found[f"{model}\n{host}"] = priced
+        self.version = self.version or _package_version()
+        if self.key:
+            with contextlib.suppress(OSError):
+                paths.data_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+                text = orjson.dumps({"key": self.key, "version": self.version, "found": self.found}).decode()
+                write_private(self._path(), text)
+
+
+_remembered = _Remembered()
+
+
+def _segment(kept: dict[str, Any]) -> Segment:
+    """A Segment back from its JSON (orjson's dump of the dataclass)."""
+    def moment(text: str | None) -> datetime | None:
+        return datetime.fromisoformat(text) if text else None
+
+    found = {key: (base, tuple((int(start), rate) for start, rate in tiers)) for key, (base, tiers) in kept["prices"].items()}
+    return Segment(found, moment(kept["valid_from"]), moment(kept["valid_to"]), kept["day_from_s"], kept["day_to_s"])
+
+
+def _package_version() -> str:
+    from genai_prices import __version__
+
+    return str(__version__)
+
+
 def load() -> None:
     """Read the package's data now (some 0.2 s, once per process), not when the first row is priced."""
     _snapshot()
@@ -142,10 +221,11 @@ def load() -> None:
 
 def source() -> str:
     """The package and version the prices come from (and the time of a fetched update)."""
-    from genai_prices import __version__
-
+    if _updater is None:
+        _remembered._load()
+        return f"genai-prices {_remembered.version or _package_version()}"
     snapshot = _snapshot()
-    text = f"genai-prices {__version__}"
+    text = f"genai-prices {_package_version()}"
     if snapshot.from_auto_update:
         text += f", updated {snapshot.timestamp.astimezone(UTC):%Y-%m-%d %H:%MZ}"
     return text
@@ -197,6 +277,16 @@ def lookup(model: str | None, host: str | None = None) -> Priced | None:
 
 
 def _lookup(model: str, host: str) -> Priced | None:
+    if _updater is not None:
+        return _looked_up(model, host)
+    if (kept := _remembered.get(model, host)) is not False:
+        return kept  # type: ignore[return-value]
+    priced = _looked_up(model, host)
+    _remembered.put(model, host, priced)
+    return priced
+
+
+def _looked_up(model: str, host: str) -> Priced | None:
     snapshot = _snapshot()
     found = None
     if host:
