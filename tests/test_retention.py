@@ -122,7 +122,9 @@ def test_prune_then_compact_shrink_the_file(tmp_path: Path):
     assert not db.with_name(db.name + ".wal").exists()  # checkpointed: the size printed is the file's
     assert counts(db) == (300, 60_000, 300)
     free = json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--format", "json"]).output)["free_bytes"]
-    assert free > before / 2  # the deleted rows' blocks, free in a file of the same size
+    # the deleted rows' blocks, free in a file of the same size: 9 in 10 rows went, but which 256 KiB blocks
+    # end free varies with DuckDB's threads (8 of 16 under load, more on a quiet machine)
+    assert free > before / 3
 
     done = CliRunner().invoke(main, ["compact", "--db", str(db)])
     assert done.exit_code == 0, done.output
