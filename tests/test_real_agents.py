@@ -5,7 +5,8 @@ The npm CLIs are installed pinned into $LLMTAP_CLI_CACHE/agents, aider from PyPI
 shared/reference/real-clis.md shows: a scratch HOME, an env -i style environment, stdin from /dev/null.
 The simulator plays the model with its agent script: the first answer calls the CLI's own shell tool with
 a command that writes its start and end times and sleeps between them; once the result is back, text.
-Each CLI runs twice (two sessions), then once set up by `llmtap setup --write`, once under `llmtap run`.
+Each CLI runs three times through one proxy, three sessions: given llmtap's base URL itself, then with none
+of its own, set up by `llmtap setup --write`, then that again under `llmtap run` (tagged).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def db_rows(db: Path, sql: str = "SELECT * FROM requests ORDER BY started_at") -
         con.close()
 
 
-def check_runs(db: Path, tool: str, runs: int = 2, usage: bool = True) -> list[dict[str, Any]]:
+def check_runs(db: Path, tool: str, runs: int = 3, usage: bool = True) -> list[dict[str, Any]]:
     """The name, the tokens the simulator reported, and one session per run, each of one turn (`usage`
     False: the client streams without asking for usage, so output tokens are estimated from the text)."""
     found = db_rows(db)
@@ -144,7 +145,7 @@ def check_runs(db: Path, tool: str, runs: int = 2, usage: bool = True) -> list[d
 def check_span(db: Path, marks: Path, name: str) -> None:
     """Each session's tool span closes and holds its command's own run."""
     times = [float(t) for t in marks.read_text().split()]
-    for session, (began, ended) in zip(read_sessions(db), zip(times[::2], times[1::2])):
+    for session, (began, ended) in zip(read_sessions(db), zip(times[::2], times[1::2]), strict=True):
         [span] = [s for s in session.spans if s.kind == "tool"]
         assert span.part == name and span.end_s is not None, span
         assert span.start_s - CLOCK_SLACK_S <= began and ended <= span.end_s + CLOCK_SLACK_S, (span, began, ended)
@@ -152,85 +153,64 @@ def check_span(db: Path, marks: Path, name: str) -> None:
         print(f"\n{name}: tool span {span.seconds:.3f} s, command {ended - began:.3f} s")
 
 
-async def two_runs(tmp_path: Path, cfg: SimConfig, make: Any) -> tuple[Path, Path]:
-    """Two runs of the CLI (`make(base_url, cwd)` gives its argv and env) through one proxy."""
+async def three_runs(tmp_path: Path, cfg: SimConfig, tool: str, make: Any) -> Path:
+    """The CLI three times through one proxy (`make(base_url, home, cwd)` gives its argv and env): given
+    llmtap's base URL itself; with none of its own, set up by `llmtap setup TOOL --write`; and that again
+    under `llmtap run`, which sets it too, tagged. The database they went to."""
     cwd = tmp_path / "work"
     cwd.mkdir()
     async with Simulator(cfg) as sim, RunningProxy(proxy_config(sim.url, tmp_path)) as p:
-        for _ in range(2):
-            await ran(*make(p.url, cwd), cwd)
-        assert p.flush(10)
-    return tmp_path / "llmtap.duckdb", cwd
-
-
-async def set_up_then_run(tmp_path: Path, tool: str, make: Any, cfg: SimConfig | None = None) -> None:
-    """`llmtap setup TOOL --write`, then the CLI with no base URL of its own goes through llmtap; then the
-    same under `llmtap run` (which sets it again, tagged)."""
-    cwd = tmp_path / "set-up"
-    cwd.mkdir()
-    home = tmp_path / "home-set-up"
-    async with Simulator(cfg or SimConfig(ttft_ms=20, itl_ms=2, tokens=8, prefill_us_per_token=0)) as sim, \
-            RunningProxy(proxy_config(sim.url, tmp_path, db=str(tmp_path / "set-up.duckdb"))) as p:
-        argv, env = make(home, cwd)
+        await ran(*make(p.url, tmp_path / "home", cwd), cwd)
+        argv, env = make(None, tmp_path / "home-set-up", cwd)
         write_setup(tool, "--base-url", p.url, env=env)
         await ran(argv, env, cwd)
-        assert {r["tool"] for r in rows(p)} == {tool}
         write_state(p)
         code, out, err = await llmtap_run(["--tag", "tap", "--", *argv], env, cwd)
         assert code == 0, out + err
-        tagged = rows(p, "SELECT tool, tag FROM requests WHERE tag = 'tap'")
-        assert tagged and {r["tool"] for r in tagged} == {tool}, err
+        assert p.flush(10)
+        assert [r["tool"] for r in rows(p, "SELECT DISTINCT tool FROM requests WHERE tag = 'tap'")] == [tool], err
+    return tmp_path / "llmtap.duckdb"
 
 
 async def test_gemini_cli(agents: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     cfg = scripted("run_shell_command", {"command": command(marks), "description": "Sleep a while"})
-    db, _ = await two_runs(tmp_path, cfg, lambda url, cwd: gemini(agents, tmp_path / "home", url))
+    db = await three_runs(tmp_path, cfg, "gemini-cli", lambda url, home, cwd: gemini(agents, home, url))
     found = check_runs(db, "gemini-cli")
     assert {(r["tool_version"], r["tool_mode"], r["project"]) for r in found} == {("0.61.0", "tui", "work")}
     assert all(r["session_id"].startswith("~") for r in found)  # inferred: it sends none
     calls = [c for r in found for c in r["tool_calls"] or ()]
-    assert [c["id"] for c in calls] == [None, None] and len(marks.read_text().split()) == 4
-    await set_up_then_run(tmp_path, "gemini-cli", lambda home, cwd: gemini(agents, home, None))
-
-
-async def test_gemini_cli_tool_span(agents: Path, tmp_path: Path) -> None:
-    marks = tmp_path / "marks"
-    cfg = scripted("run_shell_command", {"command": command(marks), "description": "Sleep a while"})
-    db, _ = await two_runs(tmp_path, cfg, lambda url, cwd: gemini(agents, tmp_path / "home", url))
+    assert [c["id"] for c in calls] == [None] * 3
     check_span(db, marks, "run_shell_command")
 
 
 async def test_opencode(agents: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     cfg = scripted("bash", {"command": command(marks), "description": "Sleep a while"})
-    db, _ = await two_runs(tmp_path, cfg, lambda url, cwd: opencode(agents, tmp_path / "home", url, cwd))
+    db = await three_runs(tmp_path, cfg, "opencode", lambda url, home, cwd: opencode(
+        agents, home, url, cwd, provider="fake" if url else "anthropic"))
     found = check_runs(db, "opencode")
     assert {(r["tool_version"], r["project"]) for r in found if r["kind"] == "generation"} == {("1.18.33", "work")}
     assert all(r["session_id"].startswith("ses_") for r in found)  # its x-session-id
-    titles = [r for r in found if r["kind"] == "side"]  # the tool-less title request, answered with text
-    assert len(titles) == 2 and all(not r["tool_calls"] for r in titles)
+    titles = [r for r in found if r["kind"] == "side"]  # the tool-less title request (the first answered with text)
+    assert len(titles) == 3 and not titles[0]["tool_calls"], titles
     check_span(db, marks, "bash")
-    await set_up_then_run(tmp_path, "opencode",
-                          lambda home, cwd: opencode(agents, home, None, cwd, provider="anthropic"))
 
 
 async def test_qwen_code(agents: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     cfg = scripted("run_shell_command", {"command": command(marks), "description": "Sleep a while"})
-    db, _ = await two_runs(tmp_path, cfg, lambda url, cwd: qwen(agents, tmp_path / "home", url))
+    db = await three_runs(tmp_path, cfg, "qwen-code", lambda url, home, cwd: qwen(agents, home, url))
     found = check_runs(db, "qwen-code")
     assert {(r["tool_version"], r["project"]) for r in found} == {("0.24.4", "work")}
     assert all(r["session_id"].startswith("~") for r in found)
     check_span(db, marks, "run_shell_command")
-    await set_up_then_run(tmp_path, "qwen-code", lambda home, cwd: qwen(agents, home, None))
 
 
 async def test_aider(aider: Path, tmp_path: Path) -> None:
     """aider declares no tools (it suggests shell commands in text, and --yes-always declines them): no
     tool span to check; its name comes from its system prompt."""
     cfg = SimConfig(ttft_ms=20, itl_ms=2, tokens=8, prefill_us_per_token=0)
-    db, _ = await two_runs(tmp_path, cfg, lambda url, cwd: aider_cmd(aider, tmp_path / "home", url))
+    db = await three_runs(tmp_path, cfg, "aider", lambda url, home, cwd: aider_cmd(aider, home, url))
     found = check_runs(db, "aider", usage=False)  # it streams without stream_options.include_usage
     assert all(r["session_id"].startswith("~") and r["user_agent"].startswith("OpenAI/Python") for r in found)
-    await set_up_then_run(tmp_path, "aider", lambda home, cwd: aider_cmd(aider, home, None), cfg)
