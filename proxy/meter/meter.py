@@ -41,7 +41,7 @@ from proxy.meter.clients import tool_from_headers
 from proxy.meter.connection_marks import ConnectionMarks
 from proxy.meter.conversations import inferred_session
 from proxy.meter.decode import DecodeError, StreamDecoder
-from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.base import Dialect, QuickReader
 from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
 from proxy.common.chunk_rows import ChunkRows
@@ -65,10 +65,6 @@ PENDING_NS = 250_000_000
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
 MAX_EVENTS_KEPT = 20_000
-# Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
-QUICK_GIVE_UP = 8
-# No head matched yet: b"\n\n" begins no block of a read split at its blank lines (Meter._events).
-NO_HEAD: tuple[bytes, int, str, bool, int, str | None] = (b"\n\n", 0, "", False, 0, None)
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -124,7 +120,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
+        "_quick", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -157,9 +153,8 @@ class Meter:
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
-        self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
-        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_gives_up)
-        self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
+        quick = self.dialect.quick  # None, too, once a stream shows it does not speak the pattern's shape:
+        self._quick = None if quick is None else QuickReader(quick)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential = credential  # an injected upstream key: fingerprinted instead of the client's
@@ -302,75 +297,48 @@ class Meter:
         out of the loop (a plain stream's reads all come here at once, see `drain`).
 
         A read of whole events (it ends with a blank line and the parser is between events, `idle`)
-        is split at its blank lines when the dialect has a quick pattern (proxy/meter/dialects/base.py),
-        each block one event's lines: a block the pattern matches (most of a stream: its text,
-        thinking and tool-argument deltas) is an output event read from the match, no dialect code
-        run, and one that repeats the last match's head byte for byte has only its rest matched
-        (base.Quick); any other block is fed to the parser (it is idle: the block is read as in the
-        whole read) and its events handed to `on_event`, in the stream's order. Any other read is
-        fed to the parser whole. Either way each event comes out as feeding every read would make it."""
-        dialect = self.dialect
-        feed, limit, quick = sse.feed, sse.max_event_bytes, self._quick
-        times, sizes, kinds = self.times, self.sizes, self.kinds
-        chars = 0
-        first_text = self.first_text
-        if quick is not None:
-            match, rest, table, sets_model = quick
-            # The last head matched (base.Quick: its bytes, length, event_type, visible, where the data
-            # starts, the model), so a block that repeats it is matched from its text on.
-            head, at_text, head_kind, head_visible, head_data, head_model = self._quick_head
+        is split at its blank lines when the dialect has a quick pattern, each block one event's lines,
+        and the stream's `QuickReader` (proxy/meter/dialects/base.py) asked for each block's output
+        event: most of a stream (its text, thinking and tool-argument deltas) is read so, no dialect
+        code run; any other block is fed to the parser (it is idle: the block is read as in the whole
+        read) and its events handed to `on_event`, in the stream's order. Any other read is fed to the
+        parser whole. Either way each event comes out as feeding every read would make it."""
+        dialect, times, sizes, kinds = self.dialect, self.times, self.sizes, self.kinds
+        feed, limit = sse.feed, sse.max_event_bytes
+        chars, first_text = 0, self.first_text
         before, missed, fed = len(times), 0, 0  # output events so far; new ones the pattern missed, not tried
+        idle = sse.idle  # a property: read again only when the parser is fed
         try:
             for data, t_ns in reads:
-                if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
+                if (quick := self._quick) is not None and idle and data[-2:] == b"\n\n" and len(data) <= limit:
                     for block in data[:-2].split(b"\n\n"):
-                        if rest is not None and block.startswith(head) and (r := rest(block, at_text)) is not None:
-                            text, kind, visible, at, model = r[1], head_kind, head_visible, head_data, head_model
-                        elif (m := match(block)) is not None:
-                            kind, text = m.group("kind", "text")  # type: ignore[assignment]  # bytes, then the table's str
-                            kind, visible = table[kind]  # type: ignore[index]
-                            at = m.start(1)
-                            model = m["model"].decode() if sets_model and m["model"] else None
-                            if rest is not None:
-                                at_text = m.start("text")
-                                head, head_kind, head_visible, head_data, head_model = (
-                                    block[:at_text], kind, visible, at, model)
-                        else:
-                            text = None
-                        if text is not None:
-                            try:
-                                n = len(text.decode())  # the characters (base.Quick says how)
-                            except UnicodeDecodeError:
-                                n = 0
-                            if n:
-                                if b"\\" in text:
-                                    n -= text.count(b"\\") - text.count(b"\\\\")
-                                if model:
-                                    dialect.response_model = model
-                                times.append(t_ns)
-                                sizes.append(len(block) - at)
-                                kinds.append(kind)
-                                chars += n
-                                if visible and first_text is None:
-                                    first_text = t_ns
-                                continue
+                        if (event := quick.event(block)) is not None:
+                            kind, visible, size, n, model = event
+                            if model:
+                                dialect.response_model = model
+                            times.append(t_ns)
+                            sizes.append(size)
+                            kinds.append(kind)
+                            chars += n
+                            if visible and first_text is None:
+                                first_text = t_ns
+                            continue
                         found, n, shown = self._parsed(feed(block + b"\n\n"), t_ns)
-                        missed, chars = missed + found, chars + n
+                        idle, missed, chars = sse.idle, missed + found, chars + n
                         if first_text is None:
                             first_text = shown
-                        if missed and self._quick_gives_up(missed, len(times) - before - missed - fed):
-                            quick = None  # the next reads are fed whole
+                        if missed and quick.gives_up(missed, len(times) - before - missed - fed):
+                            self._quick = None  # the next reads are fed whole
                     continue
                 found, n, shown = self._parsed(feed(data), t_ns)
-                fed, chars = fed + found, chars + n
+                idle, fed, chars = quick is not None and sse.idle, fed + found, chars + n
                 if first_text is None:
                     first_text = shown
         finally:
             self.chars += chars
             self.first_text = first_text
-            if quick is not None:
-                self._quick_misses = max(0, self._quick_misses + missed - (len(times) - before - missed - fed))
-                self._quick_head = head, at_text, head_kind, head_visible, head_data, head_model
+            if self._quick is not None:
+                self._quick.settle(missed, len(times) - before - missed - fed)
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
 
@@ -395,16 +363,6 @@ class Meter:
         if dialect.unstamped:  # a tool call's block ended in these events
             dialect.stamp(t_ns)
         return found, chars, shown
-
-    def _quick_gives_up(self, missed: int, matched: int) -> bool:
-        """Whether the stream stops trying its dialect's quick pattern, given the output events of
-        this batch of reads it missed and matched so far: a stream whose events it keeps missing (an
-        API that copies another's with fields of its own, say) does, a miss costing a match on top of
-        the parse. The answer is the same either way; only its cost changes."""
-        if self._quick_misses + missed - matched < QUICK_GIVE_UP:
-            return False
-        self._quick = None
-        return True
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
