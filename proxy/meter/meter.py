@@ -49,7 +49,7 @@ from proxy.meter import ratelimits, upstream_timing
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from proxy.common.stats import GapHistogram, gaps_ms
 from proxy.meter.redact import redact, request_secrets
-from proxy.meter.request_info import parse_request
+from proxy.meter.request_info import RequestInfo, parse_request
 from proxy.common.schema import ERROR_MESSAGE_MAX, Outcome
 from proxy.meter.sse import SSEParser
 
@@ -109,6 +109,31 @@ class RequestLabels(NamedTuple):
     session_id: str | None
 
 
+class Spans(NamedTuple):
+    """The response's spans (`Meter._spans`), in ms from the request's arrival."""
+
+    done: int  # the response's end (perf_counter_ns)
+    e2e: float
+    ttft: float | None  # the first output event
+    last: float | None  # the last output event
+    gaps: tuple[float | None, float | None, float | None]  # between output events: p50, p99, max
+    capped: str | None  # for parse_error: past MAX_EVENTS_KEPT, the gaps come from a histogram
+
+
+def _ms(t_ns: int | None, received: int) -> float | None:
+    """A moment in ms from the request's arrival; None for one that did not happen."""
+    return None if t_ns is None else (t_ns - received) / 1e6
+
+
+def _notes(*notes: str | None) -> str | None:
+    """The parse_error column: the notes given, in order, `; `-separated (None: none)."""
+    text = None
+    for note in notes:
+        if note is not None:
+            text = f"{text}; {note}" if text else note
+    return text
+
+
 def next_id() -> str:
     """A random 32-hex-digit request id (128 bits, as unique across processes as a UUID4) without a
     syscall per request. Its first 8 digits tell rows apart: `llmtap show` takes any unique prefix."""
@@ -153,7 +178,7 @@ class Meter:
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
-        quick = self.dialect.quick  # None, too, once a stream shows it does not speak the pattern's shape:
+        quick = self.dialect.quick  # None: every event parsed; so too once a stream misses it (QuickReader.gives_up)
         self._quick = None if quick is None else QuickReader(quick)
         self.request_body = b""
         self.request_bytes: int | None = None
@@ -296,13 +321,11 @@ class Meter:
         """The output events of some reads of a stream, each timed by its read; every lookup hoisted
         out of the loop (a plain stream's reads all come here at once, see `drain`).
 
-        A read of whole events (it ends with a blank line and the parser is between events, `idle`)
-        is split at its blank lines when the dialect has a quick pattern, each block one event's lines,
-        and the stream's `QuickReader` (proxy/meter/dialects/base.py) asked for each block's output
-        event: most of a stream (its text, thinking and tool-argument deltas) is read so, no dialect
-        code run; any other block is fed to the parser (it is idle: the block is read as in the whole
-        read) and its events handed to `on_event`, in the stream's order. Any other read is fed to the
-        parser whole. Either way each event comes out as feeding every read would make it."""
+        A read of whole events (it ends with a blank line and the parser is between events, `idle`) is
+        split at its blank lines, each block one event's lines, and the stream's `QuickReader` (if its
+        dialect has a quick pattern) asked for each block's output event, no dialect code run; a block
+        it does not read is fed to the parser (idle: the block is read as in the whole read), and so is
+        any other read whole. Either way each event comes out as feeding every read would make it."""
         dialect, times, sizes, kinds = self.dialect, self.times, self.sizes, self.kinds
         feed, limit = sse.feed, sse.max_event_bytes
         chars, first_text = 0, self.first_text
@@ -483,47 +506,39 @@ class Meter:
         self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None
     ) -> tuple[dict[str, Any], ChunkRows]:
         """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
+        self._read_last()
+        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
+        self.request_body = b""
+        row = self._row(info, outcome, end_ns, error)
+        if row["session_id"] is None:
+            row["session_id"] = inferred_session(row, info.head)
+        bounds.text_checked(row)
+        return row, self._chunk_rows()
+
+    def _read_last(self) -> None:
+        """Parse what is still kept (the last reads, a whole body), and say what was too large to read."""
         self.drain()
         if self._body:
             self._parse_body()
         if self._sse is not None and self._sse.oversized:
             self.partial = True
             self.mark_broken(f"{self._sse.oversized} SSE event(s) over {MAX_SSE_EVENT >> 20} MiB relayed but not measured")
-        d = self.dialect
+
+    def _row(self, info: RequestInfo, outcome: Outcome | None, end_ns: int,
+             error: tuple[str, str] | None) -> dict[str, Any]:
+        """The request's row, one presized dict in schema order (schema.REQUEST_COLUMNS; docs/columns.md
+        defines each): `proxy.record.batch` writes its values in that order."""
+        d, h, r, times = self.dialect, self.headers, self.received, self.times
         if error is None and d.error_type is not None:
             error = (d.error_type, d.error_message or "")
-        h, r, times = self.headers, self.received, self.times
-        info = parse_request(self.path, h, self.request_body, method=self.method)
-        self.request_body = b""
-        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
-        ttft = (times[0] - r) / 1e6 if times else None
-        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
-        e2e = (done - r) / 1e6
-        events, parse_error = len(times) + self._over, self.broken or d.parse_error
-        if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
-            last: float | None = (self._last_event[0] - r) / 1e6
-            gap_p50, gap_p99, gap_max = self._gaps.quantiles_ms()
-            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
-                      " gap p50/p99 from a histogram (within 3%)")
-            parse_error = f"{parse_error}; {capped}" if parse_error else capped
-        else:
-            last = (times[-1] - r) / 1e6 if times else None
-            gap_p50, gap_p99, gap_max = gaps_ms(times)
-        conn = self.connection
+        sent, headers, s, conn = self.upstream_sent, self.upstream_headers, self._spans(end_ns), self.connection
         pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
         told_timing, timing_note = self._stated_timing(upstream_wait)
-        if timing_note is not None:
-            parse_error = f"{parse_error}; {timing_note}" if parse_error else timing_note
-        u, limits = d.usage, dict(self._limits())
-        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
-                "reasoning_tokens": u.reasoning_tokens}
-        if (dropped := bounds.checked(told, limits)) is not None:  # numbers from outside enter the row here
-            parse_error = f"{parse_error}; {dropped}" if parse_error else dropped
-        out, source = told["output_tokens"], "usage" if u.seen() else None
-        if out is None and self.chars:
-            out, source = math.ceil(self.chars / 4), "estimated"
-        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
+        limits = dict(self._limits())
+        told, dropped = self._told(info, limits)
+        out, source = self._output_tokens(told["output_tokens"])
+        events = self.output_events
+        return {
             "id": self.id,
             "started_at": self.started_at,
             "route": self.route,
@@ -549,22 +564,22 @@ class Meter:
             "error_type": error[0] if error else None,
             "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,  # type: ignore[index]
             "outcome": str(outcome or self._outcome()),
-            "parse_error": self._clean(parse_error),
+            "parse_error": self._clean(_notes(self.broken or d.parse_error, s.capped, timing_note, dropped)),
             "empty_choices_chunks": d.empty_choices_chunks,
             "retry_after": self.retry_after,
-            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
-            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
-            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
-            "ttft_ms": ttft,
-            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
-            "last_token_ms": last,
-            "e2e_ms": e2e,
-            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,  # type: ignore[operator]
-            "gap_p50_ms": gap_p50,
-            "gap_p99_ms": gap_p99,
-            "gap_max_ms": gap_max,
+            "proxy_overhead_ms": _ms(sent, r),
+            "upstream_headers_ms": _ms(headers, r),
+            "first_byte_ms": _ms(self.first_byte, r),
+            "ttft_ms": s.ttft,
+            "first_text_ms": _ms(self.first_text, r),
+            "last_token_ms": s.last,
+            "e2e_ms": s.e2e,
+            "tpot_ms": (s.last - s.ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,  # type: ignore[operator]
+            "gap_p50_ms": s.gaps[0],
+            "gap_p99_ms": s.gaps[1],
+            "gap_max_ms": s.gaps[2],
             "output_events": events,
-            "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
+            "output_tokens_per_s": out * 1000 / s.e2e if out and s.e2e else None,
             "input_tokens": told["input_tokens"],
             "output_tokens": out,
             "cache_read_tokens": told["cache_read_tokens"],
@@ -579,10 +594,10 @@ class Meter:
             "tls_ms": tls,
             "upstream_wait_ms": upstream_wait,
             "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
-            "decode_ms": last - ttft if last is not None and ttft is not None else None,
+            "decode_ms": s.last - s.ttft if s.last is not None and s.ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
             **limits,
-            "tool_calls": self._tool_calls(done) if d.tool_calls else None,
+            "tool_calls": self._tool_calls(s.done) if d.tool_calls else None,
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
             "project": info.project,
@@ -590,10 +605,33 @@ class Meter:
             "tool_mode": info.client.mode,
             **told_timing,
         }
-        if row["session_id"] is None:
-            row["session_id"] = inferred_session(row, info.head)
-        bounds.text_checked(row)
-        return row, self._chunk_rows()
+
+    def _spans(self, end_ns: int) -> Spans:
+        """The response's end (its last bytes handed to the client, if before `end_ns`), its first and last
+        output events and the gaps between them: past MAX_EVENTS_KEPT, from the running figures (`_fold`)."""
+        r, times = self.received, self.times
+        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
+        ttft = (times[0] - r) / 1e6 if times else None
+        if self._over and self._last_event is not None and self._gaps is not None:
+            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
+                      " gap p50/p99 from a histogram (within 3%)")
+            return Spans(done, (done - r) / 1e6, ttft, (self._last_event[0] - r) / 1e6, self._gaps.quantiles_ms(), capped)
+        return Spans(done, (done - r) / 1e6, ttft, (times[-1] - r) / 1e6 if times else None, gaps_ms(times), None)
+
+    def _told(self, info: RequestInfo, limits: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The token counts the request and the upstream told, checked with the rate-limit columns: numbers
+        from outside enter the row here. What does not fit is dropped, and said (for parse_error)."""
+        u = self.dialect.usage
+        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
+                "reasoning_tokens": u.reasoning_tokens}
+        return told, bounds.checked(told, limits)
+
+    def _output_tokens(self, told: int | None) -> tuple[int | None, str | None]:
+        """The output tokens and their source: as the upstream told, else estimated from the characters."""
+        if told is None and self.chars:
+            return math.ceil(self.chars / 4), "estimated"
+        return told, "usage" if self.dialect.usage.seen() else None
 
     def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
         """The `tool_calls` column: each call's id, name and when its block ended (ms from arrival); a

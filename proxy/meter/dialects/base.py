@@ -119,11 +119,10 @@ class QuickReader:
 
     def __init__(self, quick: Quick) -> None:
         self._block, self._rest, self._kinds, self._has_model = quick
-        self.head = b"\n\n"  # no head matched yet: it begins no block of a read split at its blank lines
-        self.at_text = 0  # where the head's text begins
-        self.kind, self.visible = "", False  # the head's event_type and whether it is visible text
-        self.at = 0  # where the head's data begins (an event's size counts from there)
-        self.model: str | None = None  # the model the head names
+        # The last head matched (none yet: b"\n\n" begins no block of a read split at its blank lines), where
+        # its text begins, its event_type and visible, where its data begins (a size counts from there), its model.
+        self.head, self.at_text, self.kind, self.visible, self.at = b"\n\n", 0, "", False, 0
+        self.model: str | None = None
         self.misses = 0
 
     def event(self, block: bytes) -> tuple[str, bool, int, int, str | None] | None:
