@@ -109,22 +109,6 @@ class RequestLabels(NamedTuple):
     session_id: str | None
 
 
-class Spans(NamedTuple):
-    """The response's spans (`Meter._spans`), in ms from the request's arrival."""
-
-    done: int  # the response's end (perf_counter_ns)
-    e2e: float
-    ttft: float | None  # the first output event
-    last: float | None  # the last output event
-    gaps: tuple[float | None, float | None, float | None]  # between output events: p50, p99, max
-    capped: str | None  # for parse_error: past MAX_EVENTS_KEPT, the gaps come from a histogram
-
-
-def _ms(t_ns: int | None, received: int) -> float | None:
-    """A moment in ms from the request's arrival; None for one that did not happen."""
-    return None if t_ns is None else (t_ns - received) / 1e6
-
-
 def _notes(*notes: str | None) -> str | None:
     """The parse_error column: the notes given, in order, `; `-separated (None: none)."""
     text = None
@@ -531,13 +515,17 @@ class Meter:
         d, h, r, times = self.dialect, self.headers, self.received, self.times
         if error is None and d.error_type is not None:
             error = (d.error_type, d.error_message or "")
-        sent, headers, s, conn = self.upstream_sent, self.upstream_headers, self._spans(end_ns), self.connection
+        sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
+        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
+        ttft, e2e = (times[0] - r) / 1e6 if times else None, (done - r) / 1e6
+        last, (gap_p50, gap_p99, gap_max), capped = self._last_and_gaps()
+        conn = self.connection
         pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
         told_timing, timing_note = self._stated_timing(upstream_wait)
         limits = dict(self._limits())
         told, dropped = self._told(info, limits)
         out, source = self._output_tokens(told["output_tokens"])
-        events = self.output_events
+        events = len(times) + self._over
         return {
             "id": self.id,
             "started_at": self.started_at,
@@ -564,22 +552,22 @@ class Meter:
             "error_type": error[0] if error else None,
             "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,  # type: ignore[index]
             "outcome": str(outcome or self._outcome()),
-            "parse_error": self._clean(_notes(self.broken or d.parse_error, s.capped, timing_note, dropped)),
+            "parse_error": self._clean(_notes(self.broken or d.parse_error, capped, timing_note, dropped)),
             "empty_choices_chunks": d.empty_choices_chunks,
             "retry_after": self.retry_after,
-            "proxy_overhead_ms": _ms(sent, r),
-            "upstream_headers_ms": _ms(headers, r),
-            "first_byte_ms": _ms(self.first_byte, r),
-            "ttft_ms": s.ttft,
-            "first_text_ms": _ms(self.first_text, r),
-            "last_token_ms": s.last,
-            "e2e_ms": s.e2e,
-            "tpot_ms": (s.last - s.ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,  # type: ignore[operator]
-            "gap_p50_ms": s.gaps[0],
-            "gap_p99_ms": s.gaps[1],
-            "gap_max_ms": s.gaps[2],
+            "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
+            "upstream_headers_ms": None if headers is None else (headers - r) / 1e6,
+            "first_byte_ms": None if first_byte is None else (first_byte - r) / 1e6,
+            "ttft_ms": ttft,
+            "first_text_ms": None if first_text is None else (first_text - r) / 1e6,
+            "last_token_ms": last,
+            "e2e_ms": e2e,
+            "tpot_ms": (last - ttft) / (out - 1) if out is not None and out > 1 and events > 1 else None,  # type: ignore[operator]
+            "gap_p50_ms": gap_p50,
+            "gap_p99_ms": gap_p99,
+            "gap_max_ms": gap_max,
             "output_events": events,
-            "output_tokens_per_s": out * 1000 / s.e2e if out and s.e2e else None,
+            "output_tokens_per_s": out * 1000 / e2e if out and e2e else None,
             "input_tokens": told["input_tokens"],
             "output_tokens": out,
             "cache_read_tokens": told["cache_read_tokens"],
@@ -594,10 +582,10 @@ class Meter:
             "tls_ms": tls,
             "upstream_wait_ms": upstream_wait,
             "headers_to_first_token_ms": (times[0] - headers) / 1e6 if times and headers is not None else None,
-            "decode_ms": s.last - s.ttft if s.last is not None and s.ttft is not None else None,
+            "decode_ms": last - ttft if last is not None and ttft is not None else None,
             "credential_kind": "api_key" if self.credential else credential_kind(h, self.query),
             **limits,
-            "tool_calls": self._tool_calls(s.done) if d.tool_calls else None,
+            "tool_calls": self._tool_calls(done) if d.tool_calls else None,
             "tool_results": info.tool_results,
             "proxy_wait_ms": proxy_wait,
             "project": info.project,
@@ -606,17 +594,15 @@ class Meter:
             **told_timing,
         }
 
-    def _spans(self, end_ns: int) -> Spans:
-        """The response's end (its last bytes handed to the client, if before `end_ns`), its first and last
-        output events and the gaps between them: past MAX_EVENTS_KEPT, from the running figures (`_fold`)."""
+    def _last_and_gaps(self) -> tuple[float | None, tuple[float | None, float | None, float | None], str | None]:
+        """The last output event (ms from arrival), the gaps between output events (p50, p99, max) and,
+        past MAX_EVENTS_KEPT, the note saying they come from the running figures (`_fold`)."""
         r, times = self.received, self.times
-        done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
-        ttft = (times[0] - r) / 1e6 if times else None
         if self._over and self._last_event is not None and self._gaps is not None:
             capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
                       " gap p50/p99 from a histogram (within 3%)")
-            return Spans(done, (done - r) / 1e6, ttft, (self._last_event[0] - r) / 1e6, self._gaps.quantiles_ms(), capped)
-        return Spans(done, (done - r) / 1e6, ttft, (times[-1] - r) / 1e6 if times else None, gaps_ms(times), None)
+            return (self._last_event[0] - r) / 1e6, self._gaps.quantiles_ms(), capped
+        return (times[-1] - r) / 1e6 if times else None, gaps_ms(times), None
 
     def _told(self, info: RequestInfo, limits: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """The token counts the request and the upstream told, checked with the rate-limit columns: numbers
