@@ -162,8 +162,7 @@ class Meter:
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
-        quick = self.dialect.quick  # None: every event parsed; so too once a stream misses it (QuickReader.gives_up)
-        self._quick = None if quick is None else QuickReader(quick)
+        self._quick: QuickReader | None = None  # an event stream's (response_started), until it gives up (_events)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential = credential  # an injected upstream key: fingerprinted instead of the client's
@@ -257,6 +256,7 @@ class Meter:
         if ctype.startswith("text/event-stream"):
             self.is_stream = True
             self._sse = SSEParser(MAX_SSE_EVENT)
+            self._quick = None if self.dialect.quick is None else QuickReader(self.dialect.quick)
         else:
             self._body = []
 
