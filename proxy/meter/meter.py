@@ -41,7 +41,7 @@ from proxy.meter.clients import tool_from_headers
 from proxy.meter.connection_marks import ConnectionMarks
 from proxy.meter.conversations import inferred_session
 from proxy.meter.decode import DecodeError, StreamDecoder
-from proxy.meter.dialects.base import Dialect
+from proxy.meter.dialects.base import Dialect, QuickReader
 from proxy.meter.dialects.detect import detect_dialect
 from proxy.common import bounds
 from proxy.common.chunk_rows import ChunkRows
@@ -49,7 +49,7 @@ from proxy.meter import ratelimits, upstream_timing
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
 from proxy.common.stats import GapHistogram, gaps_ms
 from proxy.meter.redact import redact, request_secrets
-from proxy.meter.request_info import parse_request
+from proxy.meter.request_info import RequestInfo, parse_request
 from proxy.common.schema import ERROR_MESSAGE_MAX, Outcome
 from proxy.meter.sse import SSEParser
 
@@ -65,10 +65,6 @@ PENDING_NS = 250_000_000
 # chunk row of about 130 bytes at the end). A stream with more keeps running figures past the cap
 # (`Meter._fold`): per-request memory has a ceiling however long the stream runs.
 MAX_EVENTS_KEPT = 20_000
-# Output events the dialect's quick pattern may miss before a stream stops trying it (Meter._events).
-QUICK_GIVE_UP = 8
-# No head matched yet: b"\n\n" begins no block of a read split at its blank lines (Meter._events).
-NO_HEAD: tuple[bytes, int, str, bool, int, str | None] = (b"\n\n", 0, "", False, 0, None)
 
 
 IDENTITY = StreamDecoder(None)  # shared: an identity body is fed as is, never through the decoder
@@ -113,6 +109,15 @@ class RequestLabels(NamedTuple):
     session_id: str | None
 
 
+def _notes(*notes: str | None) -> str | None:
+    """The parse_error column: the notes given, in order, `; `-separated (None: none)."""
+    text = None
+    for note in notes:
+        if note is not None:
+            text = f"{text}; {note}" if text else note
+    return text
+
+
 def next_id() -> str:
     """A random 32-hex-digit request id (128 bits, as unique across processes as a UUID4) without a
     syscall per request. Its first 8 digits tell rows apart: `llmtap show` takes any unique prefix."""
@@ -124,7 +129,7 @@ class Meter:
 
     __slots__ = (  # one per request: fixed attributes are cheaper to set than a dict's
         "_body", "_body_len", "_decoder", "_gaps", "_last_event", "_over", "_pending", "_pending_bytes",
-        "_quick", "_quick_head", "_quick_misses", "_sse", "broken", "captured", "chars", "connection",
+        "_quick", "_sse", "broken", "captured", "chars", "connection",
         "credential", "dialect", "first_byte", "first_text", "headers", "id", "is_stream", "kinds", "limits",
         "method", "partial", "path", "query", "received", "request_body", "request_bytes",
         "response_bytes", "response_end", "retry_after", "route", "sizes", "started_at", "status", "tag", "times",
@@ -157,9 +162,7 @@ class Meter:
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag
         self.dialect: Dialect = detect_dialect(path)()
-        self._quick = self.dialect.quick  # None once a stream shows it does not speak the pattern's shape
-        self._quick_misses = 0  # output events the quick pattern missed, less those it matched (_quick_gives_up)
-        self._quick_head = NO_HEAD  # the last head the quick pattern matched (_events)
+        self._quick: QuickReader | None = None  # an event stream's (response_started), until it gives up (_events)
         self.request_body = b""
         self.request_bytes: int | None = None
         self.credential = credential  # an injected upstream key: fingerprinted instead of the client's
@@ -253,6 +256,7 @@ class Meter:
         if ctype.startswith("text/event-stream"):
             self.is_stream = True
             self._sse = SSEParser(MAX_SSE_EVENT)
+            self._quick = None if self.dialect.quick is None else QuickReader(self.dialect.quick)
         else:
             self._body = []
 
@@ -301,76 +305,47 @@ class Meter:
         """The output events of some reads of a stream, each timed by its read; every lookup hoisted
         out of the loop (a plain stream's reads all come here at once, see `drain`).
 
-        A read of whole events (it ends with a blank line and the parser is between events, `idle`)
-        is split at its blank lines when the dialect has a quick pattern (proxy/meter/dialects/base.py),
-        each block one event's lines: a block the pattern matches (most of a stream: its text,
-        thinking and tool-argument deltas) is an output event read from the match, no dialect code
-        run, and one that repeats the last match's head byte for byte has only its rest matched
-        (base.Quick); any other block is fed to the parser (it is idle: the block is read as in the
-        whole read) and its events handed to `on_event`, in the stream's order. Any other read is
-        fed to the parser whole. Either way each event comes out as feeding every read would make it."""
-        dialect = self.dialect
-        feed, limit, quick = sse.feed, sse.max_event_bytes, self._quick
-        times, sizes, kinds = self.times, self.sizes, self.kinds
-        chars = 0
-        first_text = self.first_text
-        if quick is not None:
-            match, rest, table, sets_model = quick
-            # The last head matched (base.Quick: its bytes, length, event_type, visible, where the data
-            # starts, the model), so a block that repeats it is matched from its text on.
-            head, at_text, head_kind, head_visible, head_data, head_model = self._quick_head
+        A read of whole events (it ends with a blank line and the parser is between events, `idle`) is
+        split at its blank lines, each block one event's lines, and the stream's `QuickReader` (if its
+        dialect has a quick pattern) asked for each block's output event, no dialect code run; a block
+        it does not read is fed to the parser (idle: the block is read as in the whole read), and so is
+        any other read whole. Either way each event comes out as feeding every read would make it."""
+        dialect, times, sizes, kinds = self.dialect, self.times, self.sizes, self.kinds
+        feed, limit = sse.feed, sse.max_event_bytes
+        chars, first_text = 0, self.first_text
         before, missed, fed = len(times), 0, 0  # output events so far; new ones the pattern missed, not tried
+        idle = sse.idle  # a property: read again only when the parser is fed
         try:
             for data, t_ns in reads:
-                if quick is not None and sse.idle and data[-2:] == b"\n\n" and len(data) <= limit:
+                if (quick := self._quick) is not None and idle and data[-2:] == b"\n\n" and len(data) <= limit:
                     for block in data[:-2].split(b"\n\n"):
-                        if rest is not None and block.startswith(head) and (r := rest(block, at_text)) is not None:
-                            text, kind, visible, at, model = r[1], head_kind, head_visible, head_data, head_model
-                        elif (m := match(block)) is not None:
-                            kind, text = m.group("kind", "text")  # type: ignore[assignment]  # bytes, then the table's str
-                            kind, visible = table[kind]  # type: ignore[index]
-                            at = m.start(1)
-                            model = m["model"].decode() if sets_model and m["model"] else None
-                            if rest is not None:
-                                at_text = m.start("text")
-                                head, head_kind, head_visible, head_data, head_model = (
-                                    block[:at_text], kind, visible, at, model)
-                        else:
-                            text = None
-                        if text is not None:
-                            try:
-                                n = len(text.decode())  # the characters (base.Quick says how)
-                            except UnicodeDecodeError:
-                                n = 0
-                            if n:
-                                if b"\\" in text:
-                                    n -= text.count(b"\\") - text.count(b"\\\\")
-                                if model:
-                                    dialect.response_model = model
-                                times.append(t_ns)
-                                sizes.append(len(block) - at)
-                                kinds.append(kind)
-                                chars += n
-                                if visible and first_text is None:
-                                    first_text = t_ns
-                                continue
+                        if (event := quick.event(block)) is not None:
+                            kind, visible, size, n, model = event
+                            if model:
+                                dialect.response_model = model
+                            times.append(t_ns)
+                            sizes.append(size)
+                            kinds.append(kind)
+                            chars += n
+                            if visible and first_text is None:
+                                first_text = t_ns
+                            continue
                         found, n, shown = self._parsed(feed(block + b"\n\n"), t_ns)
-                        missed, chars = missed + found, chars + n
+                        idle, missed, chars = sse.idle, missed + found, chars + n
                         if first_text is None:
                             first_text = shown
-                        if missed and self._quick_gives_up(missed, len(times) - before - missed - fed):
-                            quick = None  # the next reads are fed whole
+                        if missed and quick.gives_up(missed, len(times) - before - missed - fed):
+                            self._quick = None  # the next reads are fed whole
                     continue
                 found, n, shown = self._parsed(feed(data), t_ns)
-                fed, chars = fed + found, chars + n
+                idle, fed, chars = quick is not None and sse.idle, fed + found, chars + n
                 if first_text is None:
                     first_text = shown
         finally:
             self.chars += chars
             self.first_text = first_text
-            if quick is not None:
-                self._quick_misses = max(0, self._quick_misses + missed - (len(times) - before - missed - fed))
-                self._quick_head = head, at_text, head_kind, head_visible, head_data, head_model
+            if self._quick is not None:
+                self._quick.settle(missed, len(times) - before - missed - fed)
             if len(times) > MAX_EVENTS_KEPT:  # once per batch of reads, never per event
                 self._fold()
 
@@ -395,16 +370,6 @@ class Meter:
         if dialect.unstamped:  # a tool call's block ended in these events
             dialect.stamp(t_ns)
         return found, chars, shown
-
-    def _quick_gives_up(self, missed: int, matched: int) -> bool:
-        """Whether the stream stops trying its dialect's quick pattern, given the output events of
-        this batch of reads it missed and matched so far: a stream whose events it keeps missing (an
-        API that copies another's with fields of its own, say) does, a miss costing a match on top of
-        the parse. The answer is the same either way; only its cost changes."""
-        if self._quick_misses + missed - matched < QUICK_GIVE_UP:
-            return False
-        self._quick = None
-        return True
 
     def _feed(self, data: bytes, t_ns: int) -> None:
         if self._sse is not None:
@@ -525,47 +490,43 @@ class Meter:
         self, outcome: Outcome | None, end_ns: int, error: tuple[str, str] | None = None
     ) -> tuple[dict[str, Any], ChunkRows]:
         """The request's row and its chunk rows. `outcome` None: decide from what was seen."""
+        self._read_last()
+        info = parse_request(self.path, self.headers, self.request_body, method=self.method)
+        self.request_body = b""
+        row = self._row(info, outcome, end_ns, error)
+        if row["session_id"] is None:
+            row["session_id"] = inferred_session(row, info.head)
+        bounds.text_checked(row)
+        return row, self._chunk_rows()
+
+    def _read_last(self) -> None:
+        """Parse what is still kept (the last reads, a whole body), and say what was too large to read."""
         self.drain()
         if self._body:
             self._parse_body()
         if self._sse is not None and self._sse.oversized:
             self.partial = True
             self.mark_broken(f"{self._sse.oversized} SSE event(s) over {MAX_SSE_EVENT >> 20} MiB relayed but not measured")
-        d = self.dialect
+
+    def _row(self, info: RequestInfo, outcome: Outcome | None, end_ns: int,
+             error: tuple[str, str] | None) -> dict[str, Any]:
+        """The request's row, one presized dict in schema order (schema.REQUEST_COLUMNS; docs/columns.md
+        defines each): `proxy.record.batch` writes its values in that order."""
+        d, h, r, times = self.dialect, self.headers, self.received, self.times
         if error is None and d.error_type is not None:
             error = (d.error_type, d.error_message or "")
-        h, r, times = self.headers, self.received, self.times
-        info = parse_request(self.path, h, self.request_body, method=self.method)
-        self.request_body = b""
         sent, headers, first_byte, first_text = self.upstream_sent, self.upstream_headers, self.first_byte, self.first_text
-        ttft = (times[0] - r) / 1e6 if times else None
         done = self.response_end if self.response_end is not None and self.response_end <= end_ns else end_ns
-        e2e = (done - r) / 1e6
-        events, parse_error = len(times) + self._over, self.broken or d.parse_error
-        if self._over and self._last_event is not None and self._gaps is not None:  # past the cap: see _fold
-            last: float | None = (self._last_event[0] - r) / 1e6
-            gap_p50, gap_p99, gap_max = self._gaps.quantiles_ms()
-            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
-                      " gap p50/p99 from a histogram (within 3%)")
-            parse_error = f"{parse_error}; {capped}" if parse_error else capped
-        else:
-            last = (times[-1] - r) / 1e6 if times else None
-            gap_p50, gap_p99, gap_max = gaps_ms(times)
+        ttft, e2e = (times[0] - r) / 1e6 if times else None, (done - r) / 1e6
+        last, (gap_p50, gap_p99, gap_max), capped = self._last_and_gaps()
         conn = self.connection
         pool_wait, dns, connect, tls, upstream_wait, proxy_wait = (None,) * 6 if conn is None else conn.parts(sent, headers)
         told_timing, timing_note = self._stated_timing(upstream_wait)
-        if timing_note is not None:
-            parse_error = f"{parse_error}; {timing_note}" if parse_error else timing_note
-        u, limits = d.usage, dict(self._limits())
-        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
-                "reasoning_tokens": u.reasoning_tokens}
-        if (dropped := bounds.checked(told, limits)) is not None:  # numbers from outside enter the row here
-            parse_error = f"{parse_error}; {dropped}" if parse_error else dropped
-        out, source = told["output_tokens"], "usage" if u.seen() else None
-        if out is None and self.chars:
-            out, source = math.ceil(self.chars / 4), "estimated"
-        row = {  # one presized dict, in schema order (schema.REQUEST_COLUMNS; docs/columns.md defines each)
+        limits = dict(self._limits())
+        told, dropped = self._told(info, limits)
+        out, source = self._output_tokens(told["output_tokens"])
+        events = len(times) + self._over
+        return {
             "id": self.id,
             "started_at": self.started_at,
             "route": self.route,
@@ -591,7 +552,7 @@ class Meter:
             "error_type": error[0] if error else None,
             "error_message": self._clean(error[1])[:ERROR_MESSAGE_MAX] if error else None,  # type: ignore[index]
             "outcome": str(outcome or self._outcome()),
-            "parse_error": self._clean(parse_error),
+            "parse_error": self._clean(_notes(self.broken or d.parse_error, capped, timing_note, dropped)),
             "empty_choices_chunks": d.empty_choices_chunks,
             "retry_after": self.retry_after,
             "proxy_overhead_ms": None if sent is None else (sent - r) / 1e6,
@@ -632,10 +593,31 @@ class Meter:
             "tool_mode": info.client.mode,
             **told_timing,
         }
-        if row["session_id"] is None:
-            row["session_id"] = inferred_session(row, info.head)
-        bounds.text_checked(row)
-        return row, self._chunk_rows()
+
+    def _last_and_gaps(self) -> tuple[float | None, tuple[float | None, float | None, float | None], str | None]:
+        """The last output event (ms from arrival), the gaps between output events (p50, p99, max) and,
+        past MAX_EVENTS_KEPT, the note saying they come from the running figures (`_fold`)."""
+        r, times = self.received, self.times
+        if self._over and self._last_event is not None and self._gaps is not None:
+            capped = (f"over {len(times)} output events: chunk rows kept for the first {len(times)} and the last;"
+                      " gap p50/p99 from a histogram (within 3%)")
+            return (self._last_event[0] - r) / 1e6, self._gaps.quantiles_ms(), capped
+        return (times[-1] - r) / 1e6 if times else None, gaps_ms(times), None
+
+    def _told(self, info: RequestInfo, limits: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The token counts the request and the upstream told, checked with the rate-limit columns: numbers
+        from outside enter the row here. What does not fit is dropped, and said (for parse_error)."""
+        u = self.dialect.usage
+        told = {"max_tokens": info.max_tokens, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens, "cache_creation_tokens": u.cache_creation_tokens,
+                "reasoning_tokens": u.reasoning_tokens}
+        return told, bounds.checked(told, limits)
+
+    def _output_tokens(self, told: int | None) -> tuple[int | None, str | None]:
+        """The output tokens and their source: as the upstream told, else estimated from the characters."""
+        if told is None and self.chars:
+            return math.ceil(self.chars / 4), "estimated"
+        return told, "usage" if self.dialect.usage.seen() else None
 
     def _tool_calls(self, end_ns: int) -> list[dict[str, Any]]:
         """The `tool_calls` column: each call's id, name and when its block ended (ms from arrival); a

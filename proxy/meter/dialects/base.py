@@ -19,7 +19,7 @@ string has a `\\u` escape or invalid UTF-8, is parsed in full: the shortcut
 gives the same result as the full parse or none (tests/test_dialect_quick.py
 checks both against each other). Events that can carry usage, a finish reason,
 an error or the terminal event never match a quick pattern (a chat chunk's
-model is read from its match). The meter applies the pattern to each event of
+model is read from its match). The meter applies the pattern (`QuickReader`) to each event of
 a read of whole SSE events, before any splitting (proxy/meter/meter.py, Meter._events):
 no dialect code runs for a match. `on_event` always parses: on an event
 already cut out (a WebSocket frame, an event split across reads) a match costs
@@ -84,7 +84,7 @@ class Quick(NamedTuple):
     `rest` fullmatches TEXT and the tail from a position: a block that begins with the bytes an
     earlier match's head matched (up to its `text` group) and whose rest matches is a match too,
     with the same groups but `text` (a concatenation of what each part matches matches the whole);
-    the meter keeps the last head so, while it repeats (the same content block, the same chunk
+    a stream's `QuickReader` keeps the last head so, while it repeats (the same content block, the same chunk
     id and model), only the rest is matched. None: the head changes with every event (a sequence
     number in it), the whole pattern is matched each time."""
 
@@ -102,6 +102,66 @@ def quick_pattern(head: bytes, tail: bytes, sse_name: bytes, kinds: dict[bytes, 
     block = re.compile(rb"(?:event: " + sse_name + rb"\n)?data: (" + head + TEXT + tail + rb")")
     rest = re.compile(TEXT + tail).fullmatch if steady_head else None
     return Quick(block.fullmatch, rest, kinds, "model" in block.groupindex)
+
+
+# Output events a stream's quick pattern may miss, less those it matched, before it stops trying it.
+QUICK_GIVE_UP = 8
+
+
+class QuickReader:
+    """One stream's reading of its SSE blocks with its dialect's `Quick` (the meter's, Meter._events):
+    the last head matched, so that a block that repeats it byte for byte has only its rest matched, and
+    the output events the pattern missed, less those it matched, carried from one batch of reads to
+    the next (`gives_up`)."""
+
+    __slots__ = ("_block", "_rest", "_kinds", "_has_model", "head", "at_text", "kind", "visible", "at", "model",
+                 "misses")
+
+    def __init__(self, quick: Quick) -> None:
+        self._block, self._rest, self._kinds, self._has_model = quick
+        # The last head matched (none yet: b"\n\n" begins no block of a read split at its blank lines), where
+        # its text begins, its event_type and visible, where its data begins (a size counts from there), its model.
+        self.head, self.at_text, self.kind, self.visible, self.at = b"\n\n", 0, "", False, 0
+        self.model: str | None = None
+        self.misses = 0
+
+    def event(self, block: bytes) -> tuple[str, bool, int, int, str | None] | None:
+        """The output event one SSE block is (its lines, without the blank line after them), as
+        (event_type, visible, size of its data, characters, the model it names or None); None when
+        the pattern does not match it, or its text is empty or not UTF-8: the block is parsed instead."""
+        rest = self._rest
+        if rest is not None and block.startswith(self.head) and (r := rest(block, self.at_text)) is not None:
+            text, kind, visible, at, model = r[1], self.kind, self.visible, self.at, self.model
+        elif (m := self._block(block)) is not None:
+            name, text = m.group("kind", "text")
+            kind, visible = self._kinds[name]
+            at = m.start(1)
+            model = m["model"].decode() if self._has_model and m["model"] else None
+            if rest is not None:
+                self.at_text = m.start("text")
+                self.head, self.kind, self.visible, self.at, self.model = block[:self.at_text], kind, visible, at, model
+        else:
+            return None
+        try:
+            n = len(text.decode())  # the characters (Quick says how)
+        except UnicodeDecodeError:
+            return None
+        if not n:
+            return None
+        if b"\\" in text:
+            n -= text.count(b"\\") - text.count(b"\\\\")
+        return kind, visible, len(block) - at, n, model
+
+    def gives_up(self, missed: int, matched: int) -> bool:
+        """Whether the stream stops trying the pattern, given the output events of this batch of reads
+        it missed and matched so far: a stream whose events it keeps missing (an API that copies
+        another's with fields of its own, say) does, a miss costing a match on top of the parse. The
+        answer is the same either way; only its cost changes."""
+        return self.misses + missed - matched >= QUICK_GIVE_UP
+
+    def settle(self, missed: int, matched: int) -> None:
+        """The batch of reads is over: what it missed, less what it matched, carried to the next."""
+        self.misses = max(0, self.misses + missed - matched)
 
 
 @dataclass(slots=True)
