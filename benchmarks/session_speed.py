@@ -125,18 +125,21 @@ def llmtap() -> str:
     return str(Path(sys.executable).with_name("llmtap"))
 
 
-def newest_session(path: Path) -> str:
+def newest_session_and_models(path: Path) -> tuple[str, list[str]]:
+    """The newest session's key, and the two models with the most requests (compare's sides)."""
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return con.execute("SELECT session_id FROM requests WHERE session_id IS NOT NULL"
-                           " ORDER BY started_at DESC LIMIT 1").fetchone()[0]
+        key = con.execute("SELECT session_id FROM requests WHERE session_id IS NOT NULL"
+                          " ORDER BY started_at DESC LIMIT 1").fetchone()[0]
+        models = con.execute("SELECT request_model FROM requests GROUP BY 1 ORDER BY count(*) DESC LIMIT 2").fetchall()
+        return key, [m for (m,) in models]
     finally:
         con.close()
 
 
 def commands(path: Path, out: Path) -> list[tuple[str, list[str]]]:
     db = ["--db", str(path)]
-    key = newest_session(path)
+    key, models = newest_session_and_models(path)
     return [
         ("report", ["report", *db]),
         ("report --since 7d", ["report", *db, "--since", "7d"]),
@@ -147,6 +150,7 @@ def commands(path: Path, out: Path) -> list[tuple[str, list[str]]]:
         ("errors", ["errors", *db]),
         ("report --by tool_name", ["report", *db, "--by", "tool_name"]),
         ("report --html", ["report", *db, "--html", str(out / "report.html")]),
+        ("compare --by model A B", ["compare", *db, "--by", "model", *models]),
     ]
 
 
@@ -190,7 +194,7 @@ def time_api(path: Path, runs: int, port: int) -> list[tuple[str, str]]:
                               "http://127.0.0.1:9", "--quiet"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}/_llmtap/api/"
-    key = newest_session(path)
+    key, _ = newest_session_and_models(path)
 
     def get(url: str) -> tuple[int, bytes]:
         request = urllib.request.Request(base + url, headers={TOKEN_HEADER: token})
