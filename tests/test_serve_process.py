@@ -100,7 +100,8 @@ async def test_health_reports_store_and_loop_lag(sim: Simulator, tmp_path: Path)
 
 def test_a_soft_limit_of_open_files_is_raised_towards_the_hard_one() -> None:
     """A connection holds two descriptors while its next request is read stamped (proxy/relay/kernel_timing.py):
-    serve (tune_runtime) started under a soft limit of 1,024 raises it towards the hard limit."""
+    serve (RunningProxy, before it reckons its cap of connections) started under a soft limit of 1,024
+    raises it towards the hard limit."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

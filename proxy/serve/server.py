@@ -296,7 +296,6 @@ def tune_runtime() -> None:
     gc.freeze()
     gc.set_threshold(50_000, 50, 50)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    raise_open_files()
 
 
 def raise_open_files(want: int = 65_536) -> None:
