@@ -87,6 +87,21 @@ async def test_a_query_past_its_time_is_stopped_in_words(tmp_path: Path) -> None
         await wait_for(lambda: _more(p.admin, idle, exactly=True), 20, "the stopped query still runs")
 
 
+async def test_timed_out_queries_leave_the_next_answering_and_serve_stops_cleanly(sim, tmp_path: Path) -> None:
+    """Three queries in a row past `--sql-timeout`: each is stopped in words, the query after them
+    answers, and serve then stops with exit 0, its WAL checkpointed (#38: after one timeout the next
+    heavy call failed too, and serve once ended abnormally after timed-out queries)."""
+    db = tmp_path / "llmtap.duckdb"
+    async with Serve(sim.url, db, "--quiet", "--sql-timeout", "0.5") as serve:
+        for _ in range(3):
+            status, answer = await post_sql(serve.admin, LONG)
+            assert status == 400 and answer["error"].startswith("the query was stopped after 0.5 s"), answer
+        status, answer = await post_sql(serve.admin, "SELECT count(*) AS n FROM requests, range(1000)")
+        assert status == 200 and answer["rows"] == [[0]], answer
+        assert serve.stop() == 0, serve.output()
+    assert not db.with_name(db.name + ".wal").exists()
+
+
 async def test_an_answer_past_its_size_is_refused_in_words_and_never_held(tmp_path: Path) -> None:
     """200,000 rows of 10 KB, 2 GB as JSON (the first 100,000 rows would be sent): refused at 8 MiB,
     with the memory it took bounded (DuckDB makes 2,048 rows at a time, 20 MB here)."""
