@@ -72,6 +72,7 @@ DETECTABLE_SHARE = 0.05  # of the baseline median: the difference "needed" is si
 NEGLIGIBLE_SHARE = 0.02
 NEGLIGIBLE_FLOOR_MS = {"ttft": 1.0, "tpot": 0.05, "e2e": 1.0}
 MEMO_SIZE = 16  # comparisons remembered (the web UI asks again for the same one: `_memo_key`)
+RESAMPLE_SIZE = 500  # a resample's requests at most (beyond: m-out-of-n, `_bootstrap_levels`)
 ELEMENTS_PER_STEP = 2_000_000  # resamples x requests drawn at once, for bounded memory
 
 # metric -> (column, condition, title)
@@ -167,34 +168,49 @@ class _Rows:
 
     requests: int
     values: dict[str, Sample]  # metric or part -> its values
+    stats: dict[str, Stat]  # metric -> n, p50 and p95 over all the side's requests (the values may be a sample)
     sampled: bool = False
+
+
+def _side_stats(query: Query, condition: str) -> tuple[int, dict[str, Stat]]:
+    """A side's requests, and per metric its n, p50 and p95 over all of them (one query, in DuckDB:
+    quantile_cont, the same interpolation between ranks as `_quantile`)."""
+    terms = ", ".join(f"count({col}) FILTER (WHERE {cond}), quantile_cont({col}, [0.5, 0.95]) FILTER (WHERE {cond})"
+                      for col, cond, _ in METRICS.values())
+    _, _, rows = query(f"SELECT count(*), {terms} FROM requests WHERE {condition}")
+    total, *figures = rows[0]
+    stats = {}
+    for i, metric in enumerate(METRICS):
+        n, (p50, p95) = int(figures[2 * i]), figures[2 * i + 1] or (None, None)
+        stats[metric] = Stat(n, None if p50 is None else float(p50), None if p95 is None else float(p95))
+    return int(total), stats
 
 
 def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
     part_terms = "".join(f",\n  {expr} AS {name}" for name, expr, _, _ in (*TTFT_PARTS, *STATED_PARTS)) if parts else ""
     headers = ",\n  upstream_headers_ms" if parts else ""
     condition = f"({where}) AND ({side.where}) AND outcome = 'ok'"
-    _, _, counted = query(f"SELECT count(*) FROM requests WHERE {condition}")
-    total = int(counted[0][0])
+    total, stats = _side_stats(query, condition)
     sample = f" ORDER BY hash(id) LIMIT {MAX_ROWS}" if total > MAX_ROWS else ""
     columns, _, rows = query(without_stated(query, (
         f"SELECT input_tokens, stream, ttft_ms, tpot_ms, e2e_ms{headers}{part_terms}\n"
         f"FROM requests WHERE {condition}{sample}")))
     if not rows:
-        return _Rows(total, {name: Sample.empty() for name in METRICS})
-    data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
-    inputs = np.asarray([np.nan if x is None or x < 0 else float(x) for x in data["input_tokens"]])
-    stream = np.asarray([bool(s) for s in data["stream"]])
+        return _Rows(total, {name: Sample.empty() for name in METRICS}, stats)
+    table = np.array(rows, dtype=float).reshape(len(rows), len(columns))  # None: NaN; a column each
+    data = dict(zip(columns, table.T))
+    inputs = np.where(data["input_tokens"] < 0, np.nan, data["input_tokens"])
+    stream = data["stream"] == 1
     values: dict[str, Sample] = {}
     names = [(m, col, m == "ttft") for m, (col, _, _) in METRICS.items()]
     if parts:
         names += [("upstream_headers", "upstream_headers_ms", True)]
         names += [(name, name, True) for name, _, _, _ in (*TTFT_PARTS, *STATED_PARTS)]
     for name, column, streams_only in names:
-        v = np.asarray([np.nan if x is None else float(x) for x in data[column]])
+        v = data[column]
         keep = ~np.isnan(v) & (stream if streams_only else True)
         values[name] = Sample(v[keep], inputs[keep])
-    return _Rows(total, values, sampled=bool(sample))
+    return _Rows(total, values, stats, sampled=bool(sample))
 
 
 def _has_breakdown(query: Query) -> bool:
@@ -237,14 +253,14 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
     return float(np.quantile(values, q)) if len(values) else None
 
 
-def _pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(n: int, rng: np.random.Generator, most: int = PAIRS) -> tuple[np.ndarray, np.ndarray]:
     """Positions (p, q) of the pairs a slope is the median over: every pair of the n requests up to
-    PAIRS of them, else PAIRS pairs at random (the same positions in every resample)."""
-    if n * (n - 1) // 2 <= PAIRS:
+    `most` of them, else `most` pairs at random (the same positions in every resample)."""
+    if n * (n - 1) // 2 <= most:
         p, q = np.triu_indices(n, 1)
         return p, q
-    p = rng.integers(0, n, size=PAIRS)
-    return p, (p + rng.integers(1, n, size=PAIRS)) % n  # never p itself
+    p = rng.integers(0, n, size=most)
+    return p, (p + rng.integers(1, n, size=most)) % n  # never p itself
 
 
 def _slopes(x: np.ndarray, y: np.ndarray, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -285,15 +301,18 @@ def _levels(x: np.ndarray, y: np.ndarray, at: float | None, pairs: tuple[np.ndar
     return np.median(y - slope[:, None] * (x - at), axis=1), slope
 
 
-def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """The level (`_levels`) of each of `resamples` resamples (with replacement) of the requests."""
+def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, resamples: int,
+                      size: int | None = None, most: int = PAIRS) -> np.ndarray:
+    """The level (`_levels`) of each of `resamples` resamples (with replacement) of the requests,
+    each of `size` of them (default: all) with its line fitted over at most `most` pairs."""
     n = len(s.values)
-    pairs = _pairs(n, rng)
-    step = max(1, ELEMENTS_PER_STEP // max(n, len(pairs[0])))
+    m = size or n
+    pairs = _pairs(m, rng, most)
+    step = max(1, ELEMENTS_PER_STEP // max(m, len(pairs[0])))
     out = np.empty(resamples)
     for start in range(0, resamples, step):
         stop = min(resamples, start + step)
-        rows = rng.integers(0, n, size=(stop - start, n))
+        rows = rng.integers(0, n, size=(stop - start, m))
         # np.take: the same values as s.inputs[rows] (and x[:, q] as s.inputs[rows[:, q]]), gathered faster
         x, y = np.take(s.inputs, rows), np.take(s.values, rows)
         if at is None:
@@ -303,6 +322,19 @@ def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, res
         slope = _theil_sen(np.take(s.inputs, q) - np.take(s.inputs, p), np.take(s.values, q) - np.take(s.values, p))
         out[start:stop] = np.median(y - slope[:, None] * (x - at), axis=1, overwrite_input=True)  # as `_levels`
     return out
+
+
+def _bootstrap_levels(s: Sample, at: float | None, level: float, rng: np.random.Generator, resamples: int
+                      ) -> np.ndarray:
+    """The resampled levels of a side whose level is `level`: `_resampled_levels` up to RESAMPLE_SIZE
+    requests; beyond, an m-out-of-n bootstrap (m = RESAMPLE_SIZE requests, PAIRS·m/n pairs: the
+    full sample's share of pairs per request) with each deviation from `level` scaled by √(m/n)."""
+    n = len(s.values)
+    if n <= RESAMPLE_SIZE:
+        return _resampled_levels(s, at, rng, resamples)
+    m = RESAMPLE_SIZE
+    drawn = _resampled_levels(s, at, rng, resamples, m, max(1, round(PAIRS * m / n)))
+    return level + math.sqrt(m / n) * (drawn - level)
 
 
 def _tokens(n: float) -> str:
@@ -363,7 +395,7 @@ def estimate(base: Sample, side: Sample, labels: tuple[str, str], rng: np.random
         out.slopes_ms_per_1k = (slope_b * 1000, slope_s * 1000)
     if not resamples:
         return out
-    diffs = _resampled_levels(side, at, rng, resamples) - _resampled_levels(base, at, rng, resamples)
+    diffs = _bootstrap_levels(side, at, level_s, rng, resamples) - _bootstrap_levels(base, at, level_b, rng, resamples)
     tail = expanded_tail(min(out.n, out.n_baseline)) * 100
     out.low_ms, out.high_ms = (float(v) for v in np.percentile(diffs, [tail, 100 - tail]))
     return out
@@ -486,9 +518,7 @@ def compare(query: Query, sides: list[Side], where: str = "TRUE", by: str = "sid
         raise CompareError("compare needs at least two groups")
     parts = _has_breakdown(query)
     fetched = [_fetch(query, side, where, parts) for side in sides]
-    groups = [Group(s.label, r.requests, {m: Stat(len(r.values[m].values), _quantile(r.values[m].values, 0.5),
-                                                   _quantile(r.values[m].values, 0.95)) for m in METRICS})
-              for s, r in zip(sides, fetched)]
+    groups = [Group(s.label, r.requests, r.stats) for s, r in zip(sides, fetched)]
     empty = [g.label for g in groups if not g.requests]
     if empty:
         raise CompareError(f"no successful requests match {', '.join(empty)}")
@@ -509,7 +539,7 @@ def _memo_key(by: str, sides: list[Side], fetched: list[_Rows], parts: bool) -> 
     """What a comparison is made of: the sides' labels and every value it reads (a digest of them)."""
     digest = hashlib.blake2b(digest_size=32)
     for rows in fetched:
-        digest.update(f"{rows.requests} {rows.sampled} {sorted(rows.values)}".encode())
+        digest.update(f"{rows.requests} {rows.sampled} {rows.stats} {sorted(rows.values)}".encode())
         for name in sorted(rows.values):
             digest.update(rows.values[name].values.tobytes())
             digest.update(rows.values[name].inputs.tobytes())
