@@ -213,7 +213,7 @@ def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
         f"FROM requests WHERE {condition}{sample}")))
     if not rows:
         return _Rows(total, {name: Sample.empty() for name in METRICS}, stats)
-    table = np.array(rows, dtype=float).reshape(len(rows), len(columns))  # None: NaN; a column each
+    table = np.array(rows, dtype=float)  # None: NaN; a column each
     data = dict(zip(columns, table.T))
     inputs = np.where(data["input_tokens"] < 0, np.nan, data["input_tokens"])
     stream = data["stream"] == 1
