@@ -8,8 +8,9 @@ with a 95 % bootstrap confidence interval and a verdict in words.
 Method (docs/breakdown-and-compare.md says it in full):
 
 - Requests: successful ones (`outcome = 'ok'`) of the selected kinds (generations by default);
-  TTFT over streams. A side holds at most `MAX_ROWS` requests (beyond, a sample by the hash of
-  the request id: the same rows every run).
+  TTFT over streams. A side's n, p50 and p95 are over all its requests (DuckDB); its comparison
+  reads at most `MAX_ROWS` of them (beyond, a sample by the hash of the request id: the same rows
+  every run).
 - Prompt length is controlled for by comparing **at a shared input length**: per side and metric,
   a Theil–Sen line of the metric on `input_tokens` (the median of the slopes between pairs of
   requests: one slow request moves it little); each request's value is moved along its side's
@@ -32,6 +33,21 @@ Method (docs/breakdown-and-compare.md says it in full):
   prompts, and that its spread about that line does not change much with the length.
   `benchmarks/compare_calibration.py` measures how often it claims a difference where there is
   none and how often its interval holds the truth.
+- A side of more than `RESAMPLE_SIZE` requests (n) is resampled m out of n (`_bootstrap_levels`),
+  so that the cost is bounded whatever n: each resample draws m = RESAMPLE_SIZE of them with
+  replacement and fits its line over PAIRS·m/n pairs, and each resampled level's deviation from the
+  side's level is scaled by √(m/n). Sound because the level (a median, or a median about a
+  Theil–Sen line) is root-n consistent and asymptotically normal (Bickel, Götze and van Zwet 1997:
+  the m-out-of-n bootstrap with the rate's rescaling): both parts of its variance, the requests'
+  (∝ 1/requests) and the random pairs' (∝ 1/pairs), are m/n times the full sample's when the pairs
+  are cut in the same proportion, and √(m/n) puts them back. (Without the pairs cut, the slope of
+  2,000 pairs among 500 requests is too steady: at n = 20,000 the interval came out 3.2 times too
+  narrow where the length compared at is far from a side's middle.) Its price: the distribution's
+  shape is that of m requests (at 500, near the normal the level tends to), and its spread is a
+  little wider than the full bootstrap's (5–12 % at n = 20,000): an interval on the safe side. The
+  expanded tail still uses n (the narrowness it corrects is that of n requests), and so does the
+  "more requests" figure, whose half-width is n's. Sides of up to RESAMPLE_SIZE requests get the
+  plain bootstrap above, bit for bit.
 - An interval that includes 0 says the data cannot tell the sides apart; the requests needed to
   tell a given difference from none are estimated from the interval's half-width h, which shrinks
   as 1/√n: n × (h / d)², for d the larger of the difference seen and 5 % of the baseline median.
@@ -72,6 +88,7 @@ DETECTABLE_SHARE = 0.05  # of the baseline median: the difference "needed" is si
 NEGLIGIBLE_SHARE = 0.02
 NEGLIGIBLE_FLOOR_MS = {"ttft": 1.0, "tpot": 0.05, "e2e": 1.0}
 MEMO_SIZE = 16  # comparisons remembered (the web UI asks again for the same one: `_memo_key`)
+RESAMPLE_SIZE = 500  # a resample's requests at most (beyond: m-out-of-n, `_bootstrap_levels`)
 ELEMENTS_PER_STEP = 2_000_000  # resamples x requests drawn at once, for bounded memory
 
 # metric -> (column, condition, title)
@@ -167,34 +184,49 @@ class _Rows:
 
     requests: int
     values: dict[str, Sample]  # metric or part -> its values
+    stats: dict[str, Stat]  # metric -> n, p50 and p95 over all the side's requests (the values may be a sample)
     sampled: bool = False
+
+
+def _side_stats(query: Query, condition: str) -> tuple[int, dict[str, Stat]]:
+    """A side's requests, and per metric its n, p50 and p95 over all of them (one query, in DuckDB:
+    quantile_cont, the same interpolation between ranks as `_quantile`)."""
+    terms = ", ".join(f"count({col}) FILTER (WHERE {cond}), quantile_cont({col}, [0.5, 0.95]) FILTER (WHERE {cond})"
+                      for col, cond, _ in METRICS.values())
+    _, _, rows = query(f"SELECT count(*), {terms} FROM requests WHERE {condition}")
+    total, *figures = rows[0]
+    stats = {}
+    for i, metric in enumerate(METRICS):
+        n, (p50, p95) = int(figures[2 * i]), figures[2 * i + 1] or (None, None)
+        stats[metric] = Stat(n, None if p50 is None else float(p50), None if p95 is None else float(p95))
+    return int(total), stats
 
 
 def _fetch(query: Query, side: Side, where: str, parts: bool) -> _Rows:
     part_terms = "".join(f",\n  {expr} AS {name}" for name, expr, _, _ in (*TTFT_PARTS, *STATED_PARTS)) if parts else ""
     headers = ",\n  upstream_headers_ms" if parts else ""
     condition = f"({where}) AND ({side.where}) AND outcome = 'ok'"
-    _, _, counted = query(f"SELECT count(*) FROM requests WHERE {condition}")
-    total = int(counted[0][0])
+    total, stats = _side_stats(query, condition)
     sample = f" ORDER BY hash(id) LIMIT {MAX_ROWS}" if total > MAX_ROWS else ""
     columns, _, rows = query(without_stated(query, (
         f"SELECT input_tokens, stream, ttft_ms, tpot_ms, e2e_ms{headers}{part_terms}\n"
         f"FROM requests WHERE {condition}{sample}")))
     if not rows:
-        return _Rows(total, {name: Sample.empty() for name in METRICS})
-    data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
-    inputs = np.asarray([np.nan if x is None or x < 0 else float(x) for x in data["input_tokens"]])
-    stream = np.asarray([bool(s) for s in data["stream"]])
+        return _Rows(total, {name: Sample.empty() for name in METRICS}, stats)
+    table = np.array(rows, dtype=float)  # None: NaN; a column each
+    data = dict(zip(columns, table.T))
+    inputs = np.where(data["input_tokens"] < 0, np.nan, data["input_tokens"])
+    stream = data["stream"] == 1
     values: dict[str, Sample] = {}
     names = [(m, col, m == "ttft") for m, (col, _, _) in METRICS.items()]
     if parts:
         names += [("upstream_headers", "upstream_headers_ms", True)]
         names += [(name, name, True) for name, _, _, _ in (*TTFT_PARTS, *STATED_PARTS)]
     for name, column, streams_only in names:
-        v = np.asarray([np.nan if x is None else float(x) for x in data[column]])
+        v = data[column]
         keep = ~np.isnan(v) & (stream if streams_only else True)
         values[name] = Sample(v[keep], inputs[keep])
-    return _Rows(total, values, sampled=bool(sample))
+    return _Rows(total, values, stats, sampled=bool(sample))
 
 
 def _has_breakdown(query: Query) -> bool:
@@ -237,14 +269,14 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
     return float(np.quantile(values, q)) if len(values) else None
 
 
-def _pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(n: int, rng: np.random.Generator, most: int = PAIRS) -> tuple[np.ndarray, np.ndarray]:
     """Positions (p, q) of the pairs a slope is the median over: every pair of the n requests up to
-    PAIRS of them, else PAIRS pairs at random (the same positions in every resample)."""
-    if n * (n - 1) // 2 <= PAIRS:
+    `most` of them, else `most` pairs at random (the same positions in every resample)."""
+    if n * (n - 1) // 2 <= most:
         p, q = np.triu_indices(n, 1)
         return p, q
-    p = rng.integers(0, n, size=PAIRS)
-    return p, (p + rng.integers(1, n, size=PAIRS)) % n  # never p itself
+    p = rng.integers(0, n, size=most)
+    return p, (p + rng.integers(1, n, size=most)) % n  # never p itself
 
 
 def _slopes(x: np.ndarray, y: np.ndarray, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -285,15 +317,18 @@ def _levels(x: np.ndarray, y: np.ndarray, at: float | None, pairs: tuple[np.ndar
     return np.median(y - slope[:, None] * (x - at), axis=1), slope
 
 
-def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """The level (`_levels`) of each of `resamples` resamples (with replacement) of the requests."""
+def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, resamples: int,
+                      size: int | None = None, most: int = PAIRS) -> np.ndarray:
+    """The level (`_levels`) of each of `resamples` resamples (with replacement) of the requests,
+    each of `size` of them (default: all) with its line fitted over at most `most` pairs."""
     n = len(s.values)
-    pairs = _pairs(n, rng)
-    step = max(1, ELEMENTS_PER_STEP // max(n, len(pairs[0])))
+    m = size or n
+    pairs = _pairs(m, rng, most)
+    step = max(1, ELEMENTS_PER_STEP // max(m, len(pairs[0])))
     out = np.empty(resamples)
     for start in range(0, resamples, step):
         stop = min(resamples, start + step)
-        rows = rng.integers(0, n, size=(stop - start, n))
+        rows = rng.integers(0, n, size=(stop - start, m))
         # np.take: the same values as s.inputs[rows] (and x[:, q] as s.inputs[rows[:, q]]), gathered faster
         x, y = np.take(s.inputs, rows), np.take(s.values, rows)
         if at is None:
@@ -303,6 +338,19 @@ def _resampled_levels(s: Sample, at: float | None, rng: np.random.Generator, res
         slope = _theil_sen(np.take(s.inputs, q) - np.take(s.inputs, p), np.take(s.values, q) - np.take(s.values, p))
         out[start:stop] = np.median(y - slope[:, None] * (x - at), axis=1, overwrite_input=True)  # as `_levels`
     return out
+
+
+def _bootstrap_levels(s: Sample, at: float | None, level: float, rng: np.random.Generator, resamples: int
+                      ) -> np.ndarray:
+    """The resampled levels of a side whose level is `level`: `_resampled_levels` up to RESAMPLE_SIZE
+    requests; beyond, an m-out-of-n bootstrap (m = RESAMPLE_SIZE requests, PAIRS·m/n pairs: the
+    full sample's share of pairs per request) with each deviation from `level` scaled by √(m/n)."""
+    n = len(s.values)
+    if n <= RESAMPLE_SIZE:
+        return _resampled_levels(s, at, rng, resamples)
+    m = RESAMPLE_SIZE
+    drawn = _resampled_levels(s, at, rng, resamples, m, max(1, round(PAIRS * m / n)))
+    return level + math.sqrt(m / n) * (drawn - level)
 
 
 def _tokens(n: float) -> str:
@@ -363,7 +411,7 @@ def estimate(base: Sample, side: Sample, labels: tuple[str, str], rng: np.random
         out.slopes_ms_per_1k = (slope_b * 1000, slope_s * 1000)
     if not resamples:
         return out
-    diffs = _resampled_levels(side, at, rng, resamples) - _resampled_levels(base, at, rng, resamples)
+    diffs = _bootstrap_levels(side, at, level_s, rng, resamples) - _bootstrap_levels(base, at, level_b, rng, resamples)
     tail = expanded_tail(min(out.n, out.n_baseline)) * 100
     out.low_ms, out.high_ms = (float(v) for v in np.percentile(diffs, [tail, 100 - tail]))
     return out
@@ -486,9 +534,7 @@ def compare(query: Query, sides: list[Side], where: str = "TRUE", by: str = "sid
         raise CompareError("compare needs at least two groups")
     parts = _has_breakdown(query)
     fetched = [_fetch(query, side, where, parts) for side in sides]
-    groups = [Group(s.label, r.requests, {m: Stat(len(r.values[m].values), _quantile(r.values[m].values, 0.5),
-                                                   _quantile(r.values[m].values, 0.95)) for m in METRICS})
-              for s, r in zip(sides, fetched)]
+    groups = [Group(s.label, r.requests, r.stats) for s, r in zip(sides, fetched)]
     empty = [g.label for g in groups if not g.requests]
     if empty:
         raise CompareError(f"no successful requests match {', '.join(empty)}")
@@ -509,7 +555,7 @@ def _memo_key(by: str, sides: list[Side], fetched: list[_Rows], parts: bool) -> 
     """What a comparison is made of: the sides' labels and every value it reads (a digest of them)."""
     digest = hashlib.blake2b(digest_size=32)
     for rows in fetched:
-        digest.update(f"{rows.requests} {rows.sampled} {sorted(rows.values)}".encode())
+        digest.update(f"{rows.requests} {rows.sampled} {rows.stats} {sorted(rows.values)}".encode())
         for name in sorted(rows.values):
             digest.update(rows.values[name].values.tobytes())
             digest.update(rows.values[name].inputs.tobytes())
@@ -620,7 +666,8 @@ def as_dict(c: Comparison) -> dict[str, Any]:
         "method": {"statistic": "difference of medians (group - baseline) at a shared input length, each "
                                 "request moved along its side's Theil-Sen line of the metric on input tokens",
                    "interval": f"expanded percentile bootstrap over each side's requests (line refitted), "
-                               f"{RESAMPLES} resamples, seed {SEED}",
+                               f"{RESAMPLES} resamples, seed {SEED}; beyond {RESAMPLE_SIZE} requests a side, "
+                               f"{RESAMPLE_SIZE} out of n, scaled by sqrt({RESAMPLE_SIZE}/n)",
                    "level": LEVEL, "min_requests": MIN_REQUESTS, "input_range": INPUT_RANGE},
         "groups": [{"label": g.label, "requests": g.requests,
                     **{m: {"n": s.n, "p50_ms": _round(s.p50_ms), "p95_ms": _round(s.p95_ms)}
