@@ -78,6 +78,10 @@ class Locations:
     def codex_auth(self) -> Path:
         return self.codex_config.parent / "auth.json"
 
+    @property
+    def gemini_settings(self) -> Path:
+        return self.home / ".gemini" / "settings.json"
+
 
 def _cline_providers(env: dict[str, str], home: Path, data_dir: Path | None) -> Path:
     """Cline 3.x: --data-dir, else $CLINE_PROVIDER_SETTINGS_PATH, $CLINE_DATA_DIR, $CLINE_DIR/data, ~/.cline/data."""
