@@ -6,15 +6,14 @@ records in `key_fingerprint`, so a row can be matched to a variable.
 
 from __future__ import annotations
 
-import json
 import socket
 import tomllib
 import urllib.parse
 
 from proxy.meter.fingerprint import key_fingerprint
 from proxy.tools import agent_setup, reach
+from proxy.tools.agent_setup import Locations
 from proxy.tools.check import Check, fail, ok, warn
-from proxy.tools.setup import Locations
 from proxy.common.instances import LiveProxy
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
@@ -155,13 +154,7 @@ def base_urls(env: dict[str, str], live: LiveProxy | None) -> list[Check]:
 def _tool_files(env: dict[str, str]) -> list[tuple[str, str, bool]]:
     """Claude Code's settings.json env (it wins over the variable) and Codex's provider base_url."""
     where = Locations.from_env(env)
-    found: list[tuple[str, str, bool]] = []
-    try:
-        value = json.loads(where.claude_settings.read_text()).get("env", {}).get("ANTHROPIC_BASE_URL")
-        if isinstance(value, str):
-            found.append((f"{where.claude_settings} env.ANTHROPIC_BASE_URL", value, False))
-    except (OSError, ValueError, AttributeError):
-        pass
+    found = agent_setup.configured_base_urls(where, ["claude-code"])
     try:
         doc = tomllib.loads(where.codex_config.read_text())
         provider = doc.get("model_provider")
@@ -172,7 +165,7 @@ def _tool_files(env: dict[str, str]) -> list[tuple[str, str, bool]]:
             found.append((f"{where.codex_config} openai_base_url", doc["openai_base_url"], True))
     except (OSError, ValueError, AttributeError):
         pass
-    return found + agent_setup.configured_base_urls(where.home, where.config_home)  # Gemini CLI, opencode, Qwen Code, aider
+    return found + agent_setup.configured_base_urls(where, ["gemini-cli", "opencode", "qwen-code", "aider"])
 
 
 def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) -> Check:

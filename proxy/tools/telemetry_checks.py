@@ -16,7 +16,7 @@ from proxy.common import paths
 from proxy.common.instances import AdminError, LiveProxy
 from proxy.settings.client_key import SecretFileError, read_secret_file
 from proxy.tools.check import Check, ok, warn
-from proxy.tools.setup import Locations
+from proxy.tools.agent_setup import Locations
 from proxy.tools.telemetry_setup import OTLP_PATH, TOOLS, settings_file
 
 # each CLI: its `service.name` in agent_events (a LIKE pattern), and where its settings are

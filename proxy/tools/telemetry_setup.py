@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.tools import config_files, toml_edit
-from proxy.tools.setup import Locations
+from proxy.tools.agent_setup import Locations
 
 TOOLS = ("claude-code", "codex", "gemini-cli")  # the CLIs whose telemetry setup sends to llmtap
 OTLP_PATH = "/_llmtap/otlp"
