@@ -220,12 +220,6 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
     the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
     if the_plan.edits:
         return [agent_setup.write(edit, now, secret and client_key in edit.set.values()) for edit in the_plan.edits]
-    return [_write_one(tool, the_plan, urls, where, codex_env_key, now, login, client_key)]
-
-
-def _write_one(tool: str, the_plan: Plan, urls: BaseUrls, where: Locations, codex_env_key: str, now: datetime,
-               login: str | None, client_key: str | None) -> config_files.WriteResult:
-    secret = bool(client_key)
     path = the_plan.file
     if path is None:
         raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
@@ -243,10 +237,10 @@ def _write_one(tool: str, the_plan: Plan, urls: BaseUrls, where: Locations, code
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None
-        return config_files.replace(path, old, new, now, secret)
+        return [config_files.replace(path, old, new, now, secret)]
     old_text = config_files.read_text(path)
     data = config_files.read_json_object(path)
     merged = cline_merge(data or {}, urls, now, client_key)
     if data is not None and merged == data:
-        return config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])
-    return config_files.replace(path, old_text, config_files.json_text(merged), now, secret)
+        return [config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])]
+    return [config_files.replace(path, old_text, config_files.json_text(merged), now, secret)]
