@@ -40,6 +40,11 @@ CODEX_PROVIDER = "llmtap"
 # provider's default base URL when auth is ChatGPT); `openai_base_url` in config.toml overrides it.
 CHATGPT_BACKEND = "https://chatgpt.com/backend-api/codex"
 CODEX_LOGINS = ("chatgpt", "api-key")
+SDKS = {  # the variables' prefix, and the notes
+    "openai-sdk": ("OPENAI", ("with /v1: the SDK appends chat/completions and responses to it",
+                              "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value")),
+    "anthropic-sdk": ("ANTHROPIC", ("no /v1: the SDK appends /v1/messages",)),
+}
 CLINE_PROVIDERS = ("anthropic", "openai-compatible", "openai-native")
 CLINE_AUTH_HINTS = {
     "anthropic": "cline auth -p anthropic -k \"$ANTHROPIC_API_KEY\" -m claude-sonnet-4-5",
@@ -131,16 +136,12 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
             "merged into \"providers\"; both base URLs end in /v1 (Cline appends /messages, /chat/completions, /responses)",
             *keys,
         ])
-    if tool == "openai-sdk":
-        return Plan(tool, f"export OPENAI_BASE_URL={urls.openai}\n" + _key_line("OPENAI_API_KEY", client_key), None, [
-            "with /v1: the SDK appends chat/completions and responses to it",
-            "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value",
-            *([f"OPENAI_API_KEY is {INJECTED}"] if client_key else []),
-        ])
-    if tool == "anthropic-sdk":
-        return Plan(tool, f"export ANTHROPIC_BASE_URL={urls.anthropic}\n" + _key_line("ANTHROPIC_API_KEY", client_key),
-                    None, ["no /v1: the SDK appends /v1/messages",
-                           *([f"ANTHROPIC_API_KEY is {INJECTED}"] if client_key else [])])
+    if tool in SDKS:
+        name, about = SDKS[tool]
+        url = urls.openai if name == "OPENAI" else urls.anthropic
+        key = f"export {name}_API_KEY={client_key}\n" if client_key else ""
+        return Plan(tool, f"export {name}_BASE_URL={url}\n{key}", None,
+                    [*about, *([f"{name}_API_KEY is {INJECTED}"] if client_key else [])])
     raise SetupError(f"unknown tool {tool!r}; one of: {', '.join(TOOLS)}")
 
 
@@ -158,10 +159,6 @@ def _codex_chatgpt_plan(urls: BaseUrls, where: Locations) -> Plan:
         notes.append(f"model_provider = \"{provider}\" in {where.codex_config} wins over the built-in provider "
                      "(and the ChatGPT login): remove that line for these settings to apply")
     return Plan("codex", f"openai_base_url = {toml_edit.toml_string(urls.chatgpt)}\n", where.codex_config, notes)
-
-
-def _key_line(variable: str, client_key: str | None) -> str:
-    return f"export {variable}={client_key}\n" if client_key else ""
 
 
 def codex_provider(urls: BaseUrls, env_key: str, client_key: str | None = None) -> dict[str, str]:
