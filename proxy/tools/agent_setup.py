@@ -9,9 +9,10 @@ set: each target is data, a list of file edits (Codex and Cline: proxy/tools/set
 | qwen-code  | ~/.qwen/.env `OPENAI_BASE_URL`; settings.json `security.auth.selectedType` | with /v1 |
 | aider      | ~/.aider.conf.yml `openai-api-base`                 | with /v1                        |
 
-Logins are kept: Claude Code gets no key variable (one would replace a Claude login), `selectedType` is set only where none is (a Google or Qwen login stays, and says so
-in a note: it does not use these base URLs), opencode's keys stay in its auth.json. A key is written
-only when the proxy injects the upstream key (llmtap's client key): then the file ends owner-only.
+Logins are kept: Claude Code gets no key variable (one would replace a Claude login), `selectedType` is
+set only where none is (a Google or Qwen login stays, and says so in a note: it does not use these base
+URLs), opencode's keys stay in its auth.json. A key is written only when the proxy injects the upstream
+key (llmtap's client key): then the file ends owner-only.
 """
 
 from __future__ import annotations

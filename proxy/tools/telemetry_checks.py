@@ -19,7 +19,7 @@ from proxy.tools.check import Check, ok, warn
 from proxy.tools.agent_setup import Locations
 from proxy.tools.telemetry_setup import OTLP_PATH, TOOLS, settings_file
 
-# each CLI: its `service.name` in agent_events (a LIKE pattern), and where its settings are
+# each CLI: its `service.name` in agent_events (a LIKE pattern); where its settings are: telemetry_setup
 SOURCES = {"claude-code": "claude-code", "codex": "codex%", "gemini-cli": "gemini-cli"}
 NEWEST_SQL = "SELECT source, max(received_at) AS newest, count(*) AS events FROM agent_events GROUP BY source"
 
