@@ -53,7 +53,7 @@ def setup(tool: str, base_url: str | None, write: bool, codex_home: Path | None,
         for note in the_plan.notes:
             echo(f"# {note}")
         telemetry = None if no_telemetry else _telemetry(tool, live.url if live else base_url or DEFAULT_URL)
-        agent_file = telemetry_setup.settings_file(tool, the_plan.file, Path.home()) if telemetry else None
+        agent_file = telemetry_setup.settings_file(tool, where) if telemetry else None
         if telemetry is not None and agent_file is not None:
             change = telemetry_setup.change(tool, agent_file, telemetry)
             echo(f"# and in {agent_file}, its own telemetry (--no-telemetry: not):\n{change.shown}# {change.note}")

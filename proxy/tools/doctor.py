@@ -15,6 +15,7 @@ from proxy.settings import config as cfg
 from proxy.settings import egress
 from proxy.settings.routes import normal_prefix
 from proxy.tools import config_files, env_checks, local_checks, telemetry_checks, upstream_checks
+from proxy.tools.agent_setup import Locations
 from proxy.tools.check import Check, fail, ok, warn
 from proxy.common.instances import LiveProxy, find_running
 
@@ -81,16 +82,16 @@ def diagnose(options: Options) -> list[Check]:
 def gemini_auth(env: dict[str, str]) -> list[Check]:
     """Gemini CLI pointed at llmtap (the variable, or ~/.gemini/.env) exits 41 without an auth type, and a
     Google login does not use the base URL."""
-    gemini = Path(env.get("HOME") or Path.home()) / ".gemini"
+    path = Locations.from_env(env).gemini_settings
     try:
         pointed = env.get("GOOGLE_GEMINI_BASE_URL") or "GOOGLE_GEMINI_BASE_URL=" in (
-            config_files.read_text(gemini / ".env") or "")
-        settings = config_files.read_json_object(gemini / "settings.json") or {}
+            config_files.read_text(path.with_name(".env")) or "")
+        settings = config_files.read_json_object(path) or {}
     except config_files.ConfigFileError as exc:
         return [fail("Gemini CLI settings", str(exc), "fix the file, or move it aside")]
     if not pointed:
         return []
-    subject = f"{gemini / 'settings.json'} security.auth.selectedType"
+    subject = f"{path} security.auth.selectedType"
     chosen = ((settings.get("security") or {}).get("auth") or {}).get("selectedType")
     if not chosen:
         return [fail(subject, "not set: Gemini CLI exits 41 (\"Invalid auth method selected\")",

@@ -6,14 +6,13 @@ records in `key_fingerprint`, so a row can be matched to a variable.
 
 from __future__ import annotations
 
-import json
 import socket
 import tomllib
 import urllib.parse
-from pathlib import Path
 
 from proxy.meter.fingerprint import key_fingerprint
 from proxy.tools import agent_setup, reach
+from proxy.tools.agent_setup import Locations
 from proxy.tools.check import Check, fail, ok, warn
 from proxy.common.instances import LiveProxy
 
@@ -154,28 +153,19 @@ def base_urls(env: dict[str, str], live: LiveProxy | None) -> list[Check]:
 
 def _tool_files(env: dict[str, str]) -> list[tuple[str, str, bool]]:
     """Claude Code's settings.json env (it wins over the variable) and Codex's provider base_url."""
-    home = Path(env.get("HOME") or Path.home())
-    found: list[tuple[str, str, bool]] = []
-    claude = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home / ".claude"
+    where = Locations.from_env(env)
+    found = agent_setup.configured_base_urls(where, ["claude-code"])
     try:
-        value = json.loads((claude / "settings.json").read_text()).get("env", {}).get("ANTHROPIC_BASE_URL")
-        if isinstance(value, str):
-            found.append((f"{claude / 'settings.json'} env.ANTHROPIC_BASE_URL", value, False))
-    except (OSError, ValueError, AttributeError):
-        pass
-    codex = Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex"
-    try:
-        doc = tomllib.loads((codex / "config.toml").read_text())
+        doc = tomllib.loads(where.codex_config.read_text())
         provider = doc.get("model_provider")
         table = doc.get("model_providers", {}).get(provider) if provider else None
         if isinstance(table, dict) and isinstance(table.get("base_url"), str):
-            found.append((f"{codex / 'config.toml'} [model_providers.{provider}] base_url", table["base_url"], True))
+            found.append((f"{where.codex_config} [model_providers.{provider}] base_url", table["base_url"], True))
         if isinstance(doc.get("openai_base_url"), str):
-            found.append((f"{codex / 'config.toml'} openai_base_url", doc["openai_base_url"], True))
+            found.append((f"{where.codex_config} openai_base_url", doc["openai_base_url"], True))
     except (OSError, ValueError, AttributeError):
         pass
-    config_home = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config"
-    return found + agent_setup.configured_base_urls(home, config_home)  # Gemini CLI, opencode, Qwen Code, aider
+    return found + agent_setup.configured_base_urls(where, ["gemini-cli", "opencode", "qwen-code", "aider"])
 
 
 def _base_url(label: str, value: str, wants_v1: bool, live: LiveProxy | None) -> Check:

@@ -2,13 +2,12 @@
 
 | tool          | where                                     | base URL ends in /v1 |
 |---------------|-------------------------------------------|----------------------|
-| claude-code   | ~/.claude/settings.json `env`             | no                   |
 | codex         | ~/.codex/config.toml model provider       | yes                  |
 | codex (ChatGPT login) | ~/.codex/config.toml `openai_base_url` | no (a /chatgpt route) |
 | cline         | <data-dir>/settings/providers.json        | yes (both providers) |
 | openai-sdk    | OPENAI_BASE_URL                           | yes                  |
 | anthropic-sdk | ANTHROPIC_BASE_URL                        | no                   |
-| gemini-cli, opencode, qwen-code, aider | proxy/tools/agent_setup.py (a table) |  |
+| claude-code, gemini-cli, opencode, qwen-code, aider | proxy/tools/agent_setup.py (a table) |  |
 
 Subscription logins stay as they are: Claude Code gets only its base URL (a key
 variable would replace a Claude login), and Codex on a ChatGPT login gets only
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
@@ -33,14 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from proxy.tools import agent_setup, config_files, toml_edit
+from proxy.tools.agent_setup import Locations
 from proxy.tools.endpoint import BaseUrls
 
-TOOLS = ("claude-code", "codex", "cline", *agent_setup.TARGETS, "openai-sdk", "anthropic-sdk")
+TOOLS = ("claude-code", "codex", "cline", "gemini-cli", "opencode", "qwen-code", "aider", "openai-sdk", "anthropic-sdk")
 CODEX_PROVIDER = "llmtap"
 # Where Codex sends a ChatGPT login's requests (codex-rs/model-provider-info: the built-in `openai`
 # provider's default base URL when auth is ChatGPT); `openai_base_url` in config.toml overrides it.
 CHATGPT_BACKEND = "https://chatgpt.com/backend-api/codex"
 CODEX_LOGINS = ("chatgpt", "api-key")
+SDKS = {  # the variables' prefix, and the notes
+    "openai-sdk": ("OPENAI", ("with /v1: the SDK appends chat/completions and responses to it",
+                              "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value")),
+    "anthropic-sdk": ("ANTHROPIC", ("no /v1: the SDK appends /v1/messages",)),
+}
 CLINE_PROVIDERS = ("anthropic", "openai-compatible", "openai-native")
 CLINE_AUTH_HINTS = {
     "anthropic": "cline auth -p anthropic -k \"$ANTHROPIC_API_KEY\" -m claude-sonnet-4-5",
@@ -51,44 +55,6 @@ CLINE_AUTH_HINTS = {
 
 class SetupError(ValueError):
     """Setup cannot proceed; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Locations:
-    """Where each tool keeps its config; the defaults follow each tool's own rules."""
-
-    claude_settings: Path
-    codex_config: Path
-    cline_providers: Path
-    home: Path = Path.home()
-    config_home: Path = Path.home() / ".config"  # $XDG_CONFIG_HOME (opencode)
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, codex_home: Path | None = None,
-                 cline_data_dir: Path | None = None) -> "Locations":
-        env = dict(os.environ) if env is None else env
-        home = Path(env.get("HOME") or Path.home())
-        claude_dir = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home / ".claude"
-        codex_dir = codex_home or (Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex")
-        return cls(claude_settings=claude_dir / "settings.json", codex_config=codex_dir / "config.toml",
-                   cline_providers=_cline_providers(env, home, cline_data_dir), home=home,
-                   config_home=Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else home / ".config")
-
-    @property
-    def codex_auth(self) -> Path:
-        return self.codex_config.parent / "auth.json"
-
-
-def _cline_providers(env: dict[str, str], home: Path, data_dir: Path | None) -> Path:
-    """Cline 3.x: --data-dir, else $CLINE_PROVIDER_SETTINGS_PATH, $CLINE_DATA_DIR, $CLINE_DIR/data, ~/.cline/data."""
-    if data_dir is not None:
-        return data_dir / "settings" / "providers.json"
-    if env.get("CLINE_PROVIDER_SETTINGS_PATH", "").strip():
-        return Path(env["CLINE_PROVIDER_SETTINGS_PATH"].strip())
-    if env.get("CLINE_DATA_DIR", "").strip():
-        return Path(env["CLINE_DATA_DIR"].strip()) / "settings" / "providers.json"
-    cline_dir = Path(env["CLINE_DIR"].strip()) if env.get("CLINE_DIR", "").strip() else home / ".cline"
-    return cline_dir / "data" / "settings" / "providers.json"
 
 
 @dataclass(frozen=True)
@@ -142,20 +108,10 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
     """`login` is Codex's ("chatgpt" or "api-key"); None: read from its auth.json. `client_key`:
     the proxy injects the upstream key, so the tool presents llmtap's client key."""
     if tool in agent_setup.TARGETS:
-        edits = agent_setup.edits(tool, urls, where.home, where.config_home, client_key)
+        target, edits = agent_setup.TARGETS[tool], agent_setup.edits(tool, urls, where, client_key)
         text = "".join(f"# {e.path}\n{agent_setup.printed(e)}" for e in edits)
-        keys = [f"the key set is {INJECTED}"] if client_key else []
-        return Plan(tool, text, None, [*agent_setup.TARGETS[tool].notes, *keys], edits)
-    if tool == "claude-code":
-        text = config_files.json_text(claude_settings({}, urls, client_key))
-        key_note = (f"ANTHROPIC_AUTH_TOKEN is {INJECTED}" if client_key else
-                    "no key is set: a Claude subscription login keeps working (ANTHROPIC_API_KEY or "
-                    "ANTHROPIC_AUTH_TOKEN would replace it)")
-        return Plan(tool, text, where.claude_settings, [
-            "merged into the \"env\" object; ANTHROPIC_BASE_URL has no /v1 (Claude Code appends /v1/messages)",
-            "it applies however claude is started, and wins over the ANTHROPIC_BASE_URL variable",
-            key_note,
-        ])
+        keys = [f"{target.key_set} is {INJECTED}"] if client_key else target.keyless
+        return Plan(tool, text, None, [*target.notes, *keys], edits)
     if tool == "codex":
         detected = codex_login(where)
         if (login or detected) == "chatgpt":
@@ -180,16 +136,12 @@ def plan(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPEN
             "merged into \"providers\"; both base URLs end in /v1 (Cline appends /messages, /chat/completions, /responses)",
             *keys,
         ])
-    if tool == "openai-sdk":
-        return Plan(tool, f"export OPENAI_BASE_URL={urls.openai}\n" + _key_line("OPENAI_API_KEY", client_key), None, [
-            "with /v1: the SDK appends chat/completions and responses to it",
-            "LangChain, LiteLLM and older code read OPENAI_API_BASE instead: set it to the same value",
-            *([f"OPENAI_API_KEY is {INJECTED}"] if client_key else []),
-        ])
-    if tool == "anthropic-sdk":
-        return Plan(tool, f"export ANTHROPIC_BASE_URL={urls.anthropic}\n" + _key_line("ANTHROPIC_API_KEY", client_key),
-                    None, ["no /v1: the SDK appends /v1/messages",
-                           *([f"ANTHROPIC_API_KEY is {INJECTED}"] if client_key else [])])
+    if tool in SDKS:
+        name, about = SDKS[tool]
+        url = urls.openai if name == "OPENAI" else urls.anthropic
+        key = f"export {name}_API_KEY={client_key}\n" if client_key else ""
+        return Plan(tool, f"export {name}_BASE_URL={url}\n{key}", None,
+                    [*about, *([f"{name}_API_KEY is {INJECTED}"] if client_key else [])])
     raise SetupError(f"unknown tool {tool!r}; one of: {', '.join(TOOLS)}")
 
 
@@ -207,23 +159,6 @@ def _codex_chatgpt_plan(urls: BaseUrls, where: Locations) -> Plan:
         notes.append(f"model_provider = \"{provider}\" in {where.codex_config} wins over the built-in provider "
                      "(and the ChatGPT login): remove that line for these settings to apply")
     return Plan("codex", f"openai_base_url = {toml_edit.toml_string(urls.chatgpt)}\n", where.codex_config, notes)
-
-
-def _key_line(variable: str, client_key: str | None) -> str:
-    return f"export {variable}={client_key}\n" if client_key else ""
-
-
-def claude_settings(data: dict[str, Any], urls: BaseUrls, client_key: str | None = None) -> dict[str, Any]:
-    merged = copy.deepcopy(data)
-    env = merged.get("env")
-    if env is None:
-        env = merged["env"] = {}
-    if not isinstance(env, dict):
-        raise SetupError('"env" in Claude Code\'s settings.json is not an object; fix it, then run again')
-    env["ANTHROPIC_BASE_URL"] = urls.anthropic
-    if client_key:
-        env["ANTHROPIC_AUTH_TOKEN"] = client_key  # sent as Authorization: Bearer, no approval prompt
-    return merged
 
 
 def codex_provider(urls: BaseUrls, env_key: str, client_key: str | None = None) -> dict[str, str]:
@@ -282,12 +217,6 @@ def write(tool: str, urls: BaseUrls, where: Locations, codex_env_key: str = "OPE
     the_plan = plan(tool, urls, where, codex_env_key, login, client_key)
     if the_plan.edits:
         return [agent_setup.write(edit, now, secret and client_key in edit.set.values()) for edit in the_plan.edits]
-    return [_write_one(tool, the_plan, urls, where, codex_env_key, now, login, client_key)]
-
-
-def _write_one(tool: str, the_plan: Plan, urls: BaseUrls, where: Locations, codex_env_key: str, now: datetime,
-               login: str | None, client_key: str | None) -> config_files.WriteResult:
-    secret = bool(client_key)
     path = the_plan.file
     if path is None:
         raise SetupError(f"{tool} has no config file: it reads the environment variable above; "
@@ -305,11 +234,10 @@ def _write_one(tool: str, the_plan: Plan, urls: BaseUrls, where: Locations, code
             raise SetupError(f"{path} is not valid TOML ({exc}); fix it, then run again") from None
         except toml_edit.TomlEditError as exc:
             raise SetupError(f"{path}: {exc}") from None
-        return config_files.replace(path, old, new, now, secret)
+        return [config_files.replace(path, old, new, now, secret)]
     old_text = config_files.read_text(path)
     data = config_files.read_json_object(path)
-    merged = (claude_settings(data or {}, urls, client_key) if tool == "claude-code"
-              else cline_merge(data or {}, urls, now, client_key))
+    merged = cline_merge(data or {}, urls, now, client_key)
     if data is not None and merged == data:
-        return config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])
-    return config_files.replace(path, old_text, config_files.json_text(merged), now, secret)
+        return [config_files.WriteResult(path, False, None, config_files.make_private(path) if secret else [])]
+    return [config_files.replace(path, old_text, config_files.json_text(merged), now, secret)]

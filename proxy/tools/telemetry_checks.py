@@ -16,9 +16,10 @@ from proxy.common import paths
 from proxy.common.instances import AdminError, LiveProxy
 from proxy.settings.client_key import SecretFileError, read_secret_file
 from proxy.tools.check import Check, ok, warn
-from proxy.tools.telemetry_setup import OTLP_PATH
+from proxy.tools.agent_setup import Locations
+from proxy.tools.telemetry_setup import OTLP_PATH, TOOLS, settings_file
 
-# each CLI: its `service.name` in agent_events (a LIKE pattern), and where its settings are
+# each CLI: its `service.name` in agent_events (a LIKE pattern); where its settings are: telemetry_setup
 SOURCES = {"claude-code": "claude-code", "codex": "codex%", "gemini-cli": "gemini-cli"}
 NEWEST_SQL = "SELECT source, max(received_at) AS newest, count(*) AS events FROM agent_events GROUP BY source"
 
@@ -32,14 +33,12 @@ def _text(path: Path) -> str | None:
 
 def configured(env: dict[str, str]) -> dict[str, str]:
     """Each CLI whose settings send its telemetry to llmtap: the settings' text (it holds the token)."""
-    home = Path(env.get("HOME") or Path.home())
-    claude = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home / ".claude"
-    codex = Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex"
+    where = Locations.from_env(env)
     found: dict[str, str] = {}
-    for tool, path, parse in (("claude-code", claude / "settings.json", json.loads),
-                              ("codex", codex / "config.toml", tomllib.loads),
-                              ("gemini-cli", home / ".gemini" / "settings.json", json.loads)):
-        text = _text(path)
+    for tool in TOOLS:
+        path = settings_file(tool, where)
+        text = _text(path) if path is not None else None
+        parse = tomllib.loads if tool == "codex" else json.loads
         try:
             if text is not None and OTLP_PATH in json.dumps(parse(text)):
                 found[tool] = text

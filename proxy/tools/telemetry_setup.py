@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.tools import config_files, toml_edit
+from proxy.tools.agent_setup import Locations
 
 TOOLS = ("claude-code", "codex", "gemini-cli")  # the CLIs whose telemetry setup sends to llmtap
 OTLP_PATH = "/_llmtap/otlp"
@@ -183,12 +184,11 @@ class Change:
     note: str
 
 
-def settings_file(tool: str, tool_file: Path | None, home: Path) -> Path | None:
+def settings_file(tool: str, where: Locations) -> Path | None:
     """Where `tool` keeps its telemetry settings: the file setup writes for it (Claude Code's settings.json,
     Codex's config.toml), Gemini CLI's settings.json; None for a tool without telemetry."""
-    if tool == "gemini-cli":
-        return home / ".gemini" / "settings.json"
-    return tool_file if tool in TOOLS else None
+    files = {"claude-code": where.claude_settings, "codex": where.codex_config, "gemini-cli": where.gemini_settings}
+    return files.get(tool)
 
 
 def change(tool: str, path: Path, t: Telemetry) -> Change:
