@@ -39,6 +39,7 @@ QUICK = UNIT | {"test_relay", "test_body_pipe", "test_arrival", "test_breakdown"
 MARKED = {"unit": UNIT, "quick": QUICK}
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the `unit` extra runs without it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: twice the cores, up to four more than them. A third of the suite's time is waiting (a
     serve starting, a simulated stream's pauses, a store's retry): with two workers on 2 cores the whole
