@@ -253,7 +253,8 @@ async def reported(p: RunningProxy, *names: str) -> list[dict[str, Any]]:
 def session_split(db: Path, tool: str, command_ms: float, duration_ms: float) -> dict[str, float]:
     """`llmtap session` of the database's one session, as JSON: its accounts, and the tool call's span split
     (analysis/timeline.py) into approval (you), the tool's run and the agent's own time, in ms. The run is
-    the command's own plus at most RUN_SLACK_MS (the CLI's work around the process); the totals make the wall."""
+    the command's own plus at most RUN_SLACK_MS (the CLI's work around the process), or the CLI's own
+    duration_ms when that is longer; the totals make the wall."""
     from click.testing import CliRunner
 
     from proxy.cli import main
@@ -276,7 +277,8 @@ def session_split(db: Path, tool: str, command_ms: float, duration_ms: float) ->
     assert t["model_s"] + t["tool_s"] + t["agent_s"] + t["you_s"] + t["other_s"] == pytest.approx(shown["wall_s"], abs=0.01)
     print(f"  llmtap session: approval {split['approval']:.0f} ms (you), {tool}'s run {split['run']:.0f} ms, the agent's "
           f"own {split['agent']:.0f} ms (the command's own run {command_ms:.0f} ms, the agent's duration_ms {duration_ms:.0f})")
-    assert command_ms - 5 <= split["run"] <= command_ms + loaded(RUN_SLACK_MS, 1000), (split, command_ms)
+    # at most the CLI's own account of the run when it says it took longer (spawning a shell on a busy machine)
+    assert command_ms - 5 <= split["run"] <= max(command_ms + RUN_SLACK_MS, duration_ms + 50), (split, command_ms)
     return split
 
 
