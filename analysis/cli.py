@@ -557,7 +557,7 @@ def demo(db_path: Path | None, port: int) -> None:
         db_path = paths.data_dir() / DEMO_DB
         for stale in (db_path, db_path.with_name(db_path.name + ".wal")):
             stale.unlink(missing_ok=True)
-    from proxy.record.store import StoreError
+    from proxy.record.store_reader import StoreError
 
     try:
         sent = run(lambda: run_demo(db_path, port=port))

@@ -152,7 +152,7 @@ def serve(config_path: Path | None, route_specs: tuple[str, ...], route_key_spec
     from proxy.serve.forever import serve_forever
     from proxy.common.event_loop import run
     from proxy.serve.server import check_bind
-    from proxy.record.store import StoreError
+    from proxy.record.store_reader import StoreError
     from proxy.settings.client_key import SecretFileError
 
     try:

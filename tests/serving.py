@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analysis.views import create_views
-from proxy.record.store import QuerySetup
+from proxy.record.store_reader import QuerySetup
 from proxy.serve import server
 from proxy.settings.config import ServeConfig
 

@@ -23,7 +23,8 @@ from click.testing import CliRunner
 
 from .state_files import state_of
 from proxy.cli import main
-from proxy.record.store import Store, StoreError
+from proxy.record.store import Store
+from proxy.record.store_reader import StoreError
 
 from .other_user import open_dir, other_user  # noqa: F401 (fixtures)
 

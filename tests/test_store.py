@@ -17,7 +17,8 @@ import pytest
 
 from proxy.common.chunk_rows import ChunkRows
 from proxy.common.schema import CHUNK_COLUMN_NAMES, REQUEST_COLUMN_NAMES, REQUEST_COLUMNS, TOOL_CALLS_TYPE, TOOL_RESULTS_TYPE
-from proxy.record.store import DatabaseLocked, Store, StoreError, open_readonly
+from proxy.record.store import Store
+from proxy.record.store_reader import DatabaseLocked, StoreError, open_readonly
 
 from .waiting import wait_until_sync
 
@@ -421,7 +422,8 @@ def test_a_long_query_does_not_stop_rows_being_written(store: Store, tmp_path: P
 def test_timestamps_come_back_in_utc_on_a_machine_in_another_time_zone(db: Path):
     script = """
 import datetime as dt, sys
-from proxy.record.store import Store, open_readonly
+from proxy.record.store import Store
+from proxy.record.store_reader import open_readonly
 s = Store(sys.argv[1]); s.start()
 s.put({"id": "a", "started_at": dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.timezone.utc)})
 assert s.flush(5)

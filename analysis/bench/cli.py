@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from proxy.common.event_loop import run as run_loop
-from proxy.record.store import StoreError
+from proxy.record.store_reader import StoreError
 from proxy.common.terminal_text import echo
 
 from analysis.bench.output import RENDERERS, recording_notes

@@ -28,8 +28,7 @@ from proxy.record import retention
 from proxy.common.chunk_rows import ChunkRows
 from proxy.record.batch import AGENT_EVENTS, BODIES, CHUNKS, REQUESTS, Table
 from proxy.record.migrations import migrate
-from proxy.record.store_reader import (DatabaseLocked as DatabaseLocked, QuerySetup as QuerySetup, StoreError,
-                                       StoreReader, one_line, open_error, open_readonly as open_readonly)
+from proxy.record.store_reader import StoreError, StoreReader, one_line, open_error
 from proxy.common.terminal_text import stderr_line
 
 # The writer's interval is its share of the row's latency budget (proxy/common/latency.py).

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from proxy.common import instances as running
 from proxy.common.terminal_text import stderr_line
-from proxy.record.store import QuerySetup
+from proxy.record.store_reader import QuerySetup
 from proxy.relay.app import routes_banner
 from proxy.serve.server import RunningProxy, remote_warning, tune_runtime, write_state
 from proxy.serve.workers import Workers

@@ -34,7 +34,8 @@ from proxy.record.recorder import on_rows, store_observer
 from proxy.observe.looplag import LoopLag
 from proxy.relay.app_state import AdminForward, AppState, WebUi
 from proxy.common.terminal_text import stderr_line
-from proxy.record.store import QuerySetup, Store
+from proxy.record.store import Store
+from proxy.record.store_reader import QuerySetup
 
 
 def check_bind(config: ServeConfig) -> None:

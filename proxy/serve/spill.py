@@ -32,7 +32,7 @@ import orjson
 
 from proxy.common import instances as running
 from proxy.common.schema import BODY_COLUMNS, CHUNK_COLUMNS
-from proxy.record.store import StoreError
+from proxy.record.store_reader import StoreError
 
 MAX_HELD = 20_000  # requests a worker without a primary holds (its requests in flight as it stops)
 RESCAN_S = 15.0

@@ -18,7 +18,7 @@ import duckdb
 
 from proxy.common import prices
 from proxy.common.instances import AdminClient, AdminError
-from proxy.record.store import StoreError, open_readonly
+from proxy.record.store_reader import StoreError, open_readonly
 from proxy.common.schema import GENERATING_KINDS
 
 Result = tuple[list[str], list[str], list[tuple[Any, ...]]]
