@@ -150,3 +150,23 @@ async def test_a_stream_past_the_event_cap_leaves_its_row_and_the_capped_chunk_r
     assert chunks[0]["offset_ms"] == pytest.approx(row["ttft_ms"])
     assert chunks[-1]["offset_ms"] == pytest.approx(row["last_token_ms"])
     assert row["gap_max_ms"] is not None and row["tpot_ms"] is not None
+
+
+def test_a_clock_pair_straddling_a_preemption_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`started_at` and the kernel's stamps come from the two clocks read together (proxy/common/clocks.py):
+    a pair whose monotonic reads lie 5 ms apart (the thread was preempted between them) is read again,
+    and the tightest of the tries is kept when none is tight."""
+    from proxy.common import clocks
+
+    def reading(perf: list[int], wall: list[int]) -> tuple[int, int]:
+        monkeypatch.setattr(clocks, "perf_counter_ns", iter(perf).__next__)
+        monkeypatch.setattr(clocks, "time_ns", iter(wall).__next__)
+        return clocks.pair()
+
+    assert reading([0, 5_000_000, 5_000_010, 5_000_030], [1_000, 2_000]) == (5_000_020, 2_000)
+    loose = [0, 5_000_000, 6_000_000, 6_100_000, 7_000_000, 9_000_000]  # 5 ms, 100 µs, 2 ms
+    assert reading(loose, [1, 2, 3]) == (6_050_000, 2)
+    monkeypatch.setattr(clocks, "perf_counter_ns", iter([3_000_000_000, 3_000_000_000]).__next__)
+    monkeypatch.setattr(clocks, "time_ns", iter([1_764_547_200_000_000_000]).__next__)  # 2025-12-01 00:00 UTC
+    # a moment 1.5 s before the pair, dated to the microsecond
+    assert clocks.wall_of(1_500_000_000).isoformat() == "2025-11-30T23:59:58.500000+00:00"

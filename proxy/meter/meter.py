@@ -31,8 +31,7 @@ import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from time import perf_counter_ns
+from datetime import timedelta
 from typing import Any, NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
@@ -43,7 +42,7 @@ from proxy.meter.conversations import inferred_session
 from proxy.meter.decode import DecodeError, StreamDecoder
 from proxy.meter.dialects.base import Dialect, QuickReader
 from proxy.meter.dialects.detect import detect_dialect
-from proxy.common import bounds
+from proxy.common import bounds, clocks
 from proxy.common.chunk_rows import ChunkRows
 from proxy.meter import ratelimits, upstream_timing
 from proxy.meter.fingerprint import credential_kind, key_fingerprint, secret_fingerprint
@@ -157,7 +156,7 @@ class Meter:
         (`ResponseTap`), if anything does."""
         self.id = next_id()
         # the arrival's wall-clock time: the meter is made later, once the handler runs (a busy loop's while)
-        self.started_at = datetime.now(timezone.utc) - timedelta(microseconds=(perf_counter_ns() - received_ns) // 1000)
+        self.started_at = clocks.wall_of(received_ns)
         self.received = received_ns
         self.method, self.path, self.query, self.headers = method, path, query, headers
         self.route, self.upstream_host, self.tag = route, upstream_host, tag

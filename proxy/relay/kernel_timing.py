@@ -19,9 +19,10 @@ import threading
 import time
 from contextvars import ContextVar
 from functools import cache
-from time import perf_counter_ns, time_ns
+from time import perf_counter_ns
 from typing import Any, Callable
 
+from proxy.common import clocks
 from proxy.meter.connection_marks import ConnectionMarks
 
 try:
@@ -105,7 +106,7 @@ def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
-            now, wall = perf_counter_ns(), time_ns()
+            now, wall = clocks.pair()
             age = wall - (sec * 1_000_000_000 + nsec)
             return now - age if 0 <= age < 60_000_000_000 else None  # a wall clock step: no stamp
     return None
