@@ -43,6 +43,21 @@ class DatabaseLocked(StoreError):
         ))
 
 
+@contextlib.contextmanager
+def _as_store_errors(stop: QueryStop | None) -> Iterator[None]:
+    """The filter's refusal and DuckDB's errors as StoreError; a query stopped (`stop`) as QueryStopped,
+    with why; a write refused by a read-only database says what to do (READ_ONLY)."""
+    try:
+        yield
+    except sql_filter.Refused as exc:
+        raise StoreError(str(exc)) from None
+    except duckdb.Error as exc:
+        if stop is not None and stop.reason is not None:
+            raise QueryStopped(stop.reason) from None
+        read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
+        raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
+
+
 class StoreReader:
     """Read-only statements on the connection the writer (`Store`) opens, swaps and closes under
     `_con_lock`."""
@@ -69,15 +84,9 @@ class StoreReader:
         try:
             if stop is not None:
                 stop.attach(cur)
-            sql_filter.check(sql, cur)
-            return self._run_query(cur, sql, params, max_rows, max_bytes, stop)
-        except sql_filter.Refused as exc:
-            raise StoreError(str(exc)) from None
-        except duckdb.Error as exc:
-            if stop is not None and stop.reason is not None:
-                raise QueryStopped(stop.reason) from None
-            read_only = isinstance(exc, duckdb.TransactionException) and "read-only" in str(exc)
-            raise StoreError(f"{READ_ONLY}: {exc}" if read_only else str(exc)) from exc
+            with _as_store_errors(stop):
+                sql_filter.check(sql, cur)
+                return self._run_query(cur, sql, params, max_rows, max_bytes, stop)
         finally:
             if stop is not None:
                 stop.detach()
@@ -98,19 +107,13 @@ class StoreReader:
             cur.execute("BEGIN TRANSACTION READ ONLY")
 
             def query(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-                try:
+                with _as_store_errors(stop):
                     sql_filter.check(sql, cur)
                     if stop is not None:
                         stop.check()
                     cur.execute(sql)
                     description = cur.description or []
                     rows = fetch_capped(cur, max_rows, max_bytes, stop) if description else []
-                except sql_filter.Refused as exc:
-                    raise StoreError(str(exc)) from None
-                except duckdb.Error as exc:
-                    if stop is not None and stop.reason is not None:
-                        raise QueryStopped(stop.reason) from None
-                    raise StoreError(str(exc)) from exc
                 return [d[0] for d in description], [str(d[1]) for d in description], rows
 
             yield query
