@@ -85,10 +85,7 @@ def read(stated: Stated | None, frame: bytes | None, wait_ms: float | None, fram
                 continue
             name, text = entry
             source = f"{SERVER_TIMING} {name[:SHOWN]}"
-        value = _checked(_number(text), wait_ms)
-        if isinstance(value, str):
-            notes.append(f"{source} {text[:SHOWN]!r} {value}")
-        else:
+        if (value := _kept(_number(text), wait_ms, f"{source} {text[:SHOWN]!r}", notes)) is not None:
             out["upstream_processing_ms"], out["upstream_processing_source"] = value, source
     return out, ("upstream timing not kept: " + "; ".join(notes)) if notes else None
 
@@ -122,23 +119,17 @@ def _read_frame(frame: bytes, frame_ms: float | None, first_token_ms: float | No
         raw = metrics.get(key)
         if raw is None:
             return None
-        value = _checked(raw if type(raw) in (int, float) else None, bound)
-        if isinstance(value, str):
-            notes.append(f"{FRAME} {key} {str(raw)[:SHOWN]!r} {value}")
-            return None
-        return value
+        return _kept(raw if type(raw) in (int, float) else None, bound, f"{FRAME} {key} {str(raw)[:SHOWN]!r}", notes)
 
     overhead = field("responses_duration_excl_engine_and_client_tool_time_ms", frame_ms)
     engine = field("engine_service_total_ms", frame_ms)
     ttft_key = "engine_service_ttft_total_ms" if "engine_service_ttft_total_ms" in metrics else "engine_iapi_ttft_total_ms"
     out["upstream_engine_ttft_ms"] = field(ttft_key, first_token_ms)
     out["upstream_overhead_ms"] = overhead
-    if overhead is not None and engine is not None:
-        total = _checked(overhead + engine, frame_ms)
-        if isinstance(total, str):
-            notes.append(f"{FRAME} overhead + engine {overhead + engine:.1f} ms {total}")
-        else:
-            out["upstream_processing_ms"], out["upstream_processing_source"] = total, FRAME
+    if overhead is not None and engine is not None and (
+            total := _kept(overhead + engine, frame_ms, f"{FRAME} overhead + engine {overhead + engine:.1f} ms", notes)
+    ) is not None:
+        out["upstream_processing_ms"], out["upstream_processing_source"] = total, FRAME
 
 
 def _number(text: str) -> float | None:
@@ -146,6 +137,15 @@ def _number(text: str) -> float | None:
         return float(text.strip())
     except ValueError:
         return None
+
+
+def _kept(value: float | None, bound: float | None, what: str, notes: list[str]) -> float | None:
+    """`value` when `_checked` keeps it, else None, and a note saying `what` and why."""
+    checked = _checked(value, bound)
+    if isinstance(checked, str):
+        notes.append(f"{what} {checked}")
+        return None
+    return checked
 
 
 def _checked(value: float | None, bound: float | None) -> float | str:
