@@ -20,6 +20,7 @@ from proxy.meter.dialects.detect import detect_dialect
 from proxy.meter.dialects.gemini import Gemini
 from proxy.common.headers import header_getter
 from proxy.meter.clients import Client, client_of
+from proxy.meter.conversations import INFERRED_FOR
 from proxy.meter.request_kind import GENERATION, SIDE, request_kind, side_request
 
 MAX_DECODED_BYTES = 64 * 1024 * 1024
@@ -85,14 +86,16 @@ def parse_request(
     info = RequestInfo()
     obj = _json_body(info, get, body, method)
     _from_path(info, path, obj)
+    info.client = client_of(headers, obj)
     if isinstance(obj, dict):
         try:
             _from_body(info, obj)
+            if info.client.tool in INFERRED_FOR:  # the one use of the head: their sessions, inferred
+                info.head = _head(obj)
         except Exception as exc:  # a field of an unexpected type
             info.request_parse_error = f"{type(exc).__name__}: {exc}"[:200]
         _tool_results(info, path, obj)
     info.session_id = _header_session(get) or info.session_id
-    info.client = client_of(headers, obj)
     info.kind = request_kind(method or "POST", path, get, obj)
     if info.kind == GENERATION and side_request(info.client.tool, obj):
         info.kind = SIDE
@@ -155,7 +158,6 @@ def _from_body(info: RequestInfo, obj: dict[str, Any]) -> None:
     info.message_count = _message_count(obj)
     info.session_id = _metadata_session(obj.get("metadata"))
     info.project = project_of(obj)
-    info.head = _head(obj)
 
 
 def project_of(obj: dict[str, Any]) -> str | None:
